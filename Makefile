@@ -1,0 +1,72 @@
+# pairlink: `make test` and `make demo` set everything up on a fresh machine.
+#
+# The virtualenv is (re)installed when pyproject.toml changes (stamp file). python-qpid-proton
+# has no binary wheel here and is compiled from its sdist: to act as a SASL PLAIN *server* in
+# the interop tests it must be built against Cyrus SASL, so `sysdeps` makes sure the Debian
+# packages libsasl2-dev (headers, for the build) and sasl2-bin (saslpasswd2, to create the
+# test user database) are present before the install, and `proton-sasl` rebuilds a Proton
+# that was compiled without them (pip's wheel cache would otherwise keep serving that one).
+
+PYTHON ?= python3
+VENV   ?= .venv
+EXTRAS ?= test,dev
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SASL_DEBS := libsasl2-dev sasl2-bin
+
+.PHONY: test lint typecheck pytest demo bench clean sysdeps proton-sasl venv
+
+test: lint typecheck pytest
+
+venv: $(STAMP) proton-sasl
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY) sysdeps
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
+
+sysdeps:
+	@if pkg-config --exists libsasl2 && { command -v saslpasswd2 || [ -x /usr/sbin/saslpasswd2 ]; } >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(SASL_DEBS) (Proton SASL PLAIN server for the interop tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(SASL_DEBS) >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		echo "installing $(SASL_DEBS) with sudo"; \
+		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(SASL_DEBS) >/dev/null; \
+	else \
+		echo "WARNING: $(SASL_DEBS) missing and not installable here:" \
+		     "interop tests that need a Proton SASL PLAIN server will be skipped"; \
+	fi
+
+proton-sasl: $(STAMP)
+	@if ! $(PY) -c 'import proton, sys; sys.exit(not proton.SASL.extended())' \
+			&& pkg-config --exists libsasl2; then \
+		echo "rebuilding python-qpid-proton against Cyrus SASL"; \
+		$(PY) -m pip install --quiet --no-cache-dir --force-reinstall --no-deps \
+			"$$($(PY) -c 'from importlib.metadata import version; print("python-qpid-proton==" + version("python-qpid-proton"))')"; \
+	fi
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+pytest: venv
+	$(VENV)/bin/pytest
+
+# Until the Spark demo lands, the demo is the codec benchmark (ours against Proton's codec).
+demo: venv
+	$(PY) -m benchmarks.codec
+
+bench: venv
+	$(PY) -m benchmarks.codec
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""Deployable pairlink services (each a module with ``@service`` classes)."""

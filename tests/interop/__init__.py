@@ -1,0 +1,1 @@
+"""Interop tests against Apache Qpid Proton, and the Proton peers they use."""
