@@ -1,0 +1,1 @@
+"""Sans-IO AMQP 1.0: type system, codec, frames, and the connection engine."""

@@ -1,0 +1,690 @@
+"""Encoder and decoder of the AMQP 1.0 type system (types.xml).
+
+This is the hot path of every frame, so the shape is chosen for CPython speed: encoding looks the
+value's type up in one dict and appends to a caller-owned ``bytearray``; decoding dispatches on
+the constructor byte through a 256-entry table of ``(buf, offset, depth) -> (value, offset)``
+functions over ``bytes``/``memoryview`` without copying.
+
+Malformed input of any kind surfaces as ``DecodeError``: sizes and counts are checked against the
+data before anything is allocated, nesting is capped, and the few low-level errors a truncated
+buffer can still raise are translated at the public entry points.
+
+Described classes (``@composite``/``@restricted``) are compiled in described.py, from the
+encoders and decoders here; it registers them in ``_ENCODERS`` (by type) and ``_CLASS_DEC`` (by
+descriptor), which is all this module needs to encode and decode them. Nothing here imports
+described.py, so there is no cycle.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from framework.amqp.errors import DecodeError
+from framework.amqp.types import (
+    Array,
+    Byte,
+    Char,
+    Decimal32,
+    Decimal64,
+    Decimal128,
+    Described,
+    Float32,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+)
+
+Encoder = Callable[[Any, bytearray], None]
+Decoder = Callable[[Any, int, int], tuple[Any, int]]
+
+MAX_DEPTH = 64
+"""Deepest nesting of lists/maps/arrays/described values accepted (bounds recursion)."""
+
+_UTC = datetime.UTC
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
+_ONE_MS = datetime.timedelta(milliseconds=1)
+
+_P_BI = struct.Struct(">BI").pack
+_P_BII = struct.Struct(">BII").pack
+_P_II = struct.Struct(">II").pack
+_U_I = struct.Struct(">I").unpack_from
+_U_q = struct.Struct(">q").unpack_from
+_U_II = struct.Struct(">II").unpack_from
+
+# Ready-made two-byte encodings: one table index instead of a pack call for small values.
+_UINT_SMALL = [b"\x43"] + [bytes((0x52, i)) for i in range(1, 256)]
+_ULONG_SMALL = [b"\x44"] + [bytes((0x53, i)) for i in range(1, 256)]
+_UBYTE = [bytes((0x50, i)) for i in range(256)]
+_LONG_SMALL = [bytes((0x55, i & 0xFF)) for i in range(-128, 128)]
+_INT_SMALL = [bytes((0x54, i & 0xFF)) for i in range(-128, 128)]
+_VBIN8 = [bytes((0xA0, i)) for i in range(256)]
+_STR8 = [bytes((0xA1, i)) for i in range(256)]
+_SYM8 = [bytes((0xA3, i)) for i in range(256)]
+
+
+def _bad(kind: str, value: object) -> ValueError:
+    return ValueError(f"cannot encode {value!r} as AMQP {kind}")
+
+
+# --------------------------------------------------------------------------- encoding: scalars
+
+
+def _e_null(v: Any, out: bytearray) -> None:
+    out.append(0x40)
+
+
+def _e_bool(v: Any, out: bytearray) -> None:
+    out.append(0x41 if v else 0x42)
+
+
+def _packer(code: int, fmt: str, kind: str) -> Encoder:
+    """Encoder of a fixed-width type with one encoding; struct checks the range."""
+    pack = struct.Struct(">B" + fmt).pack
+
+    def enc(v: Any, out: bytearray) -> None:
+        try:
+            out += pack(code, v)
+        except struct.error:
+            raise _bad(kind, v) from None
+
+    return enc
+
+
+def _ranged(small: list[bytes], bias: int, code: int, fmt: str, kind: str) -> Encoder:
+    """Encoder of an integer type with a one-byte (or empty) form for small values."""
+    pack = struct.Struct(">B" + fmt).pack
+    lo, hi = -bias, len(small) - 1 - bias
+
+    def enc(v: Any, out: bytearray) -> None:
+        if lo <= v <= hi:
+            out += small[v + bias]
+            return
+        try:
+            out += pack(code, v)
+        except struct.error:
+            raise _bad(kind, v) from None
+
+    return enc
+
+
+def _raw(code: int) -> Encoder:
+    """Encoder of a decimal type, whose exact bytes the value keeps."""
+
+    def enc(v: Any, out: bytearray) -> None:
+        out.append(code)
+        out += v.raw
+
+    return enc
+
+
+_e_ubyte = _ranged(_UBYTE, 0, 0x50, "B", "ubyte")
+_e_ushort = _packer(0x60, "H", "ushort")
+_e_uint = _ranged(_UINT_SMALL, 0, 0x70, "I", "uint")
+_e_ulong = _ranged(_ULONG_SMALL, 0, 0x80, "Q", "ulong")
+_e_byte = _packer(0x51, "b", "byte")
+_e_short = _packer(0x61, "h", "short")
+_e_int = _ranged(_INT_SMALL, 128, 0x71, "i", "int")
+_e_long = _ranged(_LONG_SMALL, 128, 0x81, "q", "long")
+_e_float = _packer(0x72, "f", "float")
+_e_double = _packer(0x82, "d", "double")
+_e_utf32 = _packer(0x73, "I", "char")
+_e_ms64 = _packer(0x83, "q", "timestamp")
+
+
+def _e_char(v: Any, out: bytearray) -> None:
+    if len(v) != 1:
+        raise _bad("char", v)
+    _e_utf32(ord(v), out)
+
+
+def _e_timestamp(v: Any, out: bytearray) -> None:
+    if isinstance(v, datetime.datetime):
+        v = (v.replace(tzinfo=_UTC) if v.tzinfo is None else v) - _EPOCH
+        v //= _ONE_MS
+    _e_ms64(v, out)
+
+
+def _e_uuid(v: Any, out: bytearray) -> None:
+    out.append(0x98)
+    out += v.bytes
+
+
+def _e_binary(v: Any, out: bytearray) -> None:
+    if type(v) is memoryview and (v.format != "B" or v.ndim != 1):
+        v = v.cast("B")
+    n = len(v)
+    out += _VBIN8[n] if n <= 0xFF else _P_BI(0xB0, n)
+    out += v
+
+
+def _e_string(v: Any, out: bytearray) -> None:
+    b = v.encode()
+    n = len(b)
+    out += _STR8[n] if n <= 0xFF else _P_BI(0xB1, n)
+    out += b
+
+
+def _e_symbol(v: Any, out: bytearray) -> None:
+    b = v.encode("ascii")
+    n = len(b)
+    out += _SYM8[n] if n <= 0xFF else _P_BI(0xB3, n)
+    out += b
+
+
+# ------------------------------------------------------------------------ encoding: compounds
+
+
+def _finish(out: bytearray, pos: int, count: int, code8: int) -> None:
+    """Patch the 8-bit header reserved at ``pos``, or widen it in place when it does not fit."""
+    size = len(out) - pos - 2
+    if size <= 0xFF and count <= 0xFF:
+        out[pos + 1] = size
+        out[pos + 2] = count
+    else:
+        out[pos : pos + 3] = _P_BII(code8 + 0x10, size + 3, count)
+
+
+def _e_list(v: Any, out: bytearray) -> None:
+    if not v:
+        out.append(0x45)
+        return
+    pos = len(out)
+    out += b"\xc0\x00\x00"
+    encs = _ENCODERS
+    for item in v:
+        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+    _finish(out, pos, len(v), 0xC0)
+
+
+def _e_map(v: Any, out: bytearray) -> None:
+    pos = len(out)
+    out += b"\xc1\x00\x00"
+    encs = _ENCODERS
+    for key, item in v.items():
+        (encs.get(type(key)) or _resolve(type(key)))(key, out)
+        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+    _finish(out, pos, 2 * len(v), 0xC1)
+
+
+def _e_fields(v: Any, out: bytearray) -> None:
+    """A map whose plain ``str`` keys go out as symbols (fields, annotations, filter-set)."""
+    pos = len(out)
+    out += b"\xc1\x00\x00"
+    encs = _ENCODERS
+    for key, item in v.items():
+        if type(key) is str:
+            _e_symbol(key, out)
+        else:
+            (encs.get(type(key)) or _resolve(type(key)))(key, out)
+        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+    _finish(out, pos, 2 * len(v), 0xC1)
+
+
+def _e_descriptor(d: Any, out: bytearray) -> None:
+    if isinstance(d, int) and not isinstance(d, bool):
+        _e_ulong(d, out)
+    elif isinstance(d, str):
+        _e_symbol(d, out)
+    else:
+        encode_into(d, out)
+
+
+def _e_described(v: Any, out: bytearray) -> None:
+    out.append(0x00)
+    _e_descriptor(v.descriptor, out)
+    encode_into(v.value, out)
+
+
+# Array elements share one constructor: each is encoded alone, then moved along its "widening
+# chain" (uint0 -> smalluint -> uint, str8 -> str32, ...) to the narrowest common constructor.
+_NEXT = {0x43: 0x52, 0x52: 0x70, 0x44: 0x53, 0x53: 0x80, 0x54: 0x71, 0x55: 0x81, 0x41: 0x56,
+         0x42: 0x56, 0xA0: 0xB0, 0xA1: 0xB1, 0xA3: 0xB3, 0x45: 0xC0, 0xC0: 0xD0, 0xC1: 0xD1,
+         0xE0: 0xF0}  # fmt: skip
+_ZERO_WIDTH = frozenset((0x40, 0x41, 0x42, 0x43, 0x44, 0x45))
+
+
+def _widen_var(p: bytes) -> bytes:
+    return p[0].to_bytes(4, "big") + p[1:]
+
+
+def _widen_compound(p: bytes) -> bytes:
+    return _P_II(p[0] + 3, p[1]) + p[2:]
+
+
+def _sign_pad(n: int) -> Callable[[bytes], bytes]:
+    return lambda p: (b"\xff" * n if p[0] & 0x80 else b"\x00" * n) + p
+
+
+_WIDEN: dict[int, Callable[[bytes], bytes]] = {
+    0x43: lambda p: b"\x00", 0x52: lambda p: b"\x00" * 3 + p,
+    0x44: lambda p: b"\x00", 0x53: lambda p: b"\x00" * 7 + p,
+    0x54: _sign_pad(3), 0x55: _sign_pad(7),
+    0x41: lambda p: b"\x01", 0x42: lambda p: b"\x00",
+    0xA0: _widen_var, 0xA1: _widen_var, 0xA3: _widen_var,
+    0x45: lambda p: b"\x01\x00", 0xC0: _widen_compound, 0xC1: _widen_compound,
+    0xE0: _widen_compound,
+}  # fmt: skip
+
+
+def _chain(code: int) -> list[int]:
+    out = [code]
+    while code in _NEXT:
+        code = _NEXT[code]
+        out.append(code)
+    return out
+
+
+def _split(enc: bytearray) -> tuple[bytes, int, bytes]:
+    """Split one encoded value into (descriptor prefix, format code, payload)."""
+    i = 0
+    while enc[i] == 0x00:
+        _, i = decode_from(enc, i + 1)
+    return bytes(enc[:i]), enc[i], bytes(enc[i + 1 :])
+
+
+def _e_array(v: Any, out: bytearray) -> None:
+    forced = getattr(v, "element_code", None)
+    if not v:
+        out += bytes((0xE0, 2, 0, 0x40 if forced is None else forced))
+        return
+    parts = []
+    for item in v:
+        tmp = bytearray()
+        encode_into(item, tmp)
+        parts.append(_split(tmp))
+    prefix = parts[0][0]
+    if any(p[0] != prefix for p in parts):
+        raise ValueError("array elements must share one descriptor")
+    common = _chain(parts[0][1])
+    for p in parts:
+        chain = _chain(p[1])
+        common = [c for c in common if c in chain]
+    if forced is not None:
+        if forced not in common:
+            raise ValueError(f"array elements cannot all be written with 0x{forced:02x}")
+        target = forced
+    elif not common:
+        raise ValueError("array elements must share one AMQP type")
+    else:
+        target = next((c for c in common if c not in _ZERO_WIDTH), common[-1])
+    body = bytearray(prefix)
+    body.append(target)
+    for _, code, payload in parts:
+        while code != target:
+            payload = _WIDEN[code](payload)
+            code = _NEXT[code]
+        body += payload
+    count = len(parts)
+    if len(body) < 0xFF and count <= 0xFF:
+        out += bytes((0xE0, len(body) + 1, count))
+    else:
+        out += _P_BII(0xF0, len(body) + 4, count)
+    out += body
+
+
+_ENCODERS: dict[type, Encoder] = {
+    type(None): _e_null, bool: _e_bool, int: _e_long, float: _e_double, str: _e_string,
+    bytes: _e_binary, bytearray: _e_binary, memoryview: _e_binary, list: _e_list,
+    tuple: _e_list, dict: _e_map, Symbol: _e_symbol, Char: _e_char, UByte: _e_ubyte,
+    UShort: _e_ushort, UInt: _e_uint, ULong: _e_ulong, Byte: _e_byte, Short: _e_short,
+    Int: _e_int, Long: _e_long, Float32: _e_float, Decimal32: _raw(0x74), Decimal64: _raw(0x84),
+    Decimal128: _raw(0x94), datetime.datetime: _e_timestamp, uuid.UUID: _e_uuid,
+    Array: _e_array, Described: _e_described,
+}  # fmt: skip
+
+
+def _resolve(t: type) -> Encoder:
+    """Find (and cache) the encoder of a subclass of a supported type, e.g. an ``IntEnum``."""
+    for base in t.__mro__[1:]:
+        enc = _ENCODERS.get(base)
+        if enc is not None:
+            _ENCODERS[t] = enc
+            return enc
+    raise TypeError(f"cannot encode a {t.__qualname__} as AMQP")
+
+
+def encode_into(value: Any, out: bytearray) -> None:
+    """Append the smallest AMQP encoding of ``value`` to ``out`` (type chosen by Python type)."""
+    (_ENCODERS.get(type(value)) or _resolve(type(value)))(value, out)
+
+
+def encode(value: Any) -> bytes:
+    """The AMQP encoding of ``value`` as ``bytes``."""
+    out = bytearray()
+    encode_into(value, out)
+    return bytes(out)
+
+
+# ---------------------------------------------------------------------------------- decoding
+# Payload decoders: ``(buf, off, depth) -> (value, new_off)`` with ``off`` just past the
+# constructor byte. The "plain" ones return built-in values (typed composite fields use them);
+# the generic table wraps them so a decoded value re-encodes as the same AMQP type.
+
+
+def _short(buf: Any, end: int) -> DecodeError:
+    return DecodeError(f"declared size runs {end - len(buf)} byte(s) past the data")
+
+
+def _const(value: Any) -> Decoder:
+    """Decoder of a zero-width encoding (null, true, false, uint0, ulong0, list0)."""
+
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        return value, off
+
+    return dec
+
+
+_d_null, _d_zero = _const(None), _const(0)
+
+
+def _d_bool(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    b = buf[off]
+    if b > 1:
+        raise DecodeError(f"boolean byte must be 0 or 1, got {b}")
+    return b == 1, off + 1
+
+
+def _d_u8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    return buf[off], off + 1
+
+
+def _unpacker(fmt: str, cls: Callable[[Any], Any] | None = None) -> Decoder:
+    """Decoder of a fixed-width number (struct raises on a short buffer)."""
+    st = struct.Struct(">" + fmt)
+    unpack, n = st.unpack_from, st.size
+    if cls is None:
+
+        def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+            return unpack(buf, off)[0], off + n
+
+        return dec
+
+    def dec_cls(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        return cls(unpack(buf, off)[0]), off + n
+
+    return dec_cls
+
+
+def _fixed(cls: Callable[[bytes], Any], n: int) -> Decoder:
+    """Decoder of a fixed-width value built from its raw bytes (uuid, decimals)."""
+
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        end = off + n
+        if end > len(buf):
+            raise _short(buf, end)
+        return cls(bytes(buf[off:end])), end
+
+    return dec
+
+
+def _d_char(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    cp = _U_I(buf, off)[0]
+    if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+        raise DecodeError(f"char 0x{cp:x} is not a Unicode scalar value")
+    return Char(chr(cp)), off + 4
+
+
+def _d_timestamp(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    ms = _U_q(buf, off)[0]
+    try:
+        return _EPOCH + datetime.timedelta(milliseconds=ms), off + 8
+    except OverflowError:
+        raise DecodeError(f"timestamp {ms} ms is outside the datetime range") from None
+
+
+# The 8-bit forms are the common ones: decoded inline. The 32-bit forms share one helper.
+def _d_vbin8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise _short(buf, end)
+    return bytes(buf[off + 1 : end]), end
+
+
+def _d_str8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise _short(buf, end)
+    return str(buf[off + 1 : end], "utf-8"), end
+
+
+def _d_sym8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    end = off + 1 + buf[off]
+    if end > len(buf):
+        raise _short(buf, end)
+    return Symbol(str(buf[off + 1 : end], "ascii")), end
+
+
+def _var32(convert: Callable[[Any], Any]) -> Decoder:
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        end = off + 4 + _U_I(buf, off)[0]
+        if end > len(buf):
+            raise _short(buf, end)
+        return convert(buf[off + 4 : end]), end
+
+    return dec
+
+
+def _bad_compound(buf: Any, off: int, end: int, count: int) -> DecodeError:
+    if end > len(buf):
+        return _short(buf, end)
+    if count > end - off:
+        return DecodeError(f"count {count} cannot fit in {end - off} byte(s)")
+    return DecodeError(f"nesting deeper than {MAX_DEPTH}")
+
+
+def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[Any], int]:
+    # Size within the data, count within the size (every item takes a byte), depth capped.
+    if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
+        raise _bad_compound(buf, off, end, count)
+    depth += 1
+    dec = _DEC
+    items: list[Any] = []
+    append = items.append
+    for _ in range(count):
+        v, off = dec[buf[off]](buf, off + 1, depth)
+        append(v)
+    if off != end:
+        raise DecodeError("list size disagrees with its content")
+    return items, off
+
+
+def _d_list8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
+
+
+def _d_list32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    size, count = _U_II(buf, off)
+    return _items(buf, off + 8, off + 4 + size, count, depth)
+
+
+def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
+    # Size within the data, count within the size (every item takes a byte), depth capped.
+    if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
+        raise _bad_compound(buf, off, end, count)
+    if count & 1:
+        raise DecodeError("map has an odd number of items")
+    depth += 1
+    dec = _DEC
+    result: dict[Any, Any] = {}
+    for _ in range(count >> 1):
+        k, off = dec[buf[off]](buf, off + 1, depth)
+        v, off = dec[buf[off]](buf, off + 1, depth)
+        try:
+            result[k] = v
+        except TypeError:
+            raise DecodeError("map key is not hashable") from None
+    if off != end:
+        raise DecodeError("map size disagrees with its content")
+    if 2 * len(result) != count:
+        raise DecodeError("map has duplicate keys")
+    return result, off
+
+
+def _d_map8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    return _pairs(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
+
+
+def _d_map32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    size, count = _U_II(buf, off)
+    return _pairs(buf, off + 8, off + 4 + size, count, depth)
+
+
+def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
+    if end > len(buf):
+        raise _short(buf, end)
+    if depth >= MAX_DEPTH:
+        raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
+    depth += 1
+    descriptors = []
+    code = buf[off]
+    off += 1
+    while code == 0x00:
+        d, off = _DEC[buf[off]](buf, off + 1, depth)
+        descriptors.append(int(d) if type(d) is ULong else d)
+        code = buf[off]
+        off += 1
+    # Zero-width elements take no bytes, so bound their count by a fixed amplification instead.
+    if count > (8 * (end - off + 1) if code in _ZERO_WIDTH else end - off):
+        raise DecodeError(f"array count {count} cannot fit in its {end - off} byte(s)")
+    items = Array(element_code=code)
+    append = items.append
+    inner = _class_decoder(descriptors[-1]) if descriptors else None
+    if inner is not None:
+        for _ in range(count):
+            v, off = inner(code, buf, off, depth)
+            append(v)
+    else:
+        dec = _DEC[code]
+        for _ in range(count):
+            v, off = dec(buf, off, depth)
+            append(v)
+    if descriptors:
+        outer = descriptors if inner is None else descriptors[:-1]
+        for i, v in enumerate(items):
+            for d in reversed(outer):
+                v = Described(d, v)
+            items[i] = v
+    if off != end:
+        raise DecodeError("array size disagrees with its content")
+    return items, off
+
+
+def _d_array8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    return _array(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
+
+
+def _d_array32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    size, count = _U_II(buf, off)
+    return _array(buf, off + 8, off + 4 + size, count, depth)
+
+
+def _class_decoder(desc: Any) -> ClassDecoder | None:
+    """The registered decoder for a descriptor; only a ulong or a symbol can name a class."""
+    t = type(desc)
+    return _CLASS_DEC.get(desc) if t is int or t is Symbol else None
+
+
+def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    if depth >= MAX_DEPTH:
+        raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
+    depth += 1
+    if buf[off] == 0x53:  # the usual small ulong descriptor: skip the generic path
+        desc: Any = buf[off + 1]
+        cdec = _CLASS_DEC.get(desc)
+        off += 2
+    else:
+        desc, off = _DEC[buf[off]](buf, off + 1, depth)
+        if type(desc) is ULong:
+            desc = int(desc)
+        cdec = _class_decoder(desc)
+    if cdec is not None:
+        return cdec(buf[off], buf, off + 1, depth)
+    value, off = _DEC[buf[off]](buf, off + 1, depth)
+    return Described(desc, value), off
+
+
+def _wrap(cls: Callable[[Any], Any], plain: Decoder) -> Decoder:
+    new = int.__new__
+
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        v, off = plain(buf, off, depth)
+        return new(cls, v), off  # type: ignore[call-overload]
+
+    return dec
+
+
+def _bad_code(code: int, what: str = "AMQP value") -> Decoder:
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        raise DecodeError(f"constructor 0x{code:02x} is not a valid {what}")
+
+    return dec
+
+
+# Plain decoders per AMQP type name (codes accepted for that type -> payload decoder).
+_PLAIN: dict[str, dict[int, Decoder]] = {
+    "null": {0x40: _d_null},
+    "boolean": {0x56: _d_bool, 0x41: _const(True), 0x42: _const(False)},
+    "ubyte": {0x50: _d_u8},
+    "ushort": {0x60: _unpacker("H")},
+    "uint": {0x70: _unpacker("I"), 0x52: _d_u8, 0x43: _d_zero},
+    "ulong": {0x80: _unpacker("Q"), 0x53: _d_u8, 0x44: _d_zero},
+    "byte": {0x51: _unpacker("b")},
+    "short": {0x61: _unpacker("h")},
+    "int": {0x71: _unpacker("i"), 0x54: _unpacker("b")},
+    "long": {0x81: _unpacker("q"), 0x55: _unpacker("b")},
+    "float": {0x72: _unpacker("f", Float32)},
+    "double": {0x82: _unpacker("d")},
+    "decimal32": {0x74: _fixed(Decimal32, 4)},
+    "decimal64": {0x84: _fixed(Decimal64, 8)},
+    "decimal128": {0x94: _fixed(Decimal128, 16)},
+    "char": {0x73: _d_char},
+    "timestamp": {0x83: _d_timestamp},
+    "uuid": {0x98: _fixed(lambda b: uuid.UUID(bytes=b), 16)},
+    "binary": {0xA0: _d_vbin8, 0xB0: _var32(bytes)},
+    "string": {0xA1: _d_str8, 0xB1: _var32(lambda b: str(b, "utf-8"))},
+    "symbol": {0xA3: _d_sym8, 0xB3: _var32(lambda b: Symbol(str(b, "ascii")))},
+    "list": {0x45: lambda buf, off, depth: ([], off), 0xC0: _d_list8, 0xD0: _d_list32},
+    "map": {0xC1: _d_map8, 0xD1: _d_map32},
+    "array": {0xE0: _d_array8, 0xF0: _d_array32},
+}
+# Plain ``int`` already encodes as ``long``, so ``long`` decodes unwrapped (cheaper, same wire).
+_WRAPPERS: dict[str, type] = {"ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
+                              "byte": Byte, "short": Short, "int": Int}  # fmt: skip
+
+_DEC: list[Decoder] = [_bad_code(c) for c in range(256)]
+for _name, _codes in _PLAIN.items():
+    for _code, _plain in _codes.items():
+        _DEC[_code] = _wrap(_WRAPPERS[_name], _plain) if _name in _WRAPPERS else _plain
+_DEC[0x00] = _d_described
+
+# Described-class decoders, keyed by ulong code and by symbolic name (filled by described.py):
+# ``(format_code, buf, off, depth) -> (instance, off)`` with ``off`` just past the format code.
+ClassDecoder = Callable[[int, Any, int, int], tuple[Any, int]]
+_CLASS_DEC: dict[Any, ClassDecoder] = {}
+
+
+def decode_from(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Any, int]:
+    """Decode one value starting at ``offset``; return it and the offset just past it."""
+    try:
+        return _DEC[buf[offset]](buf, offset + 1, 0)
+    except (IndexError, struct.error) as exc:
+        raise DecodeError(f"truncated AMQP value ({exc})") from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise DecodeError(f"malformed AMQP value ({exc})") from None
+
+
+def decode(buf: bytes | bytearray | memoryview) -> Any:
+    """Decode exactly one value that fills ``buf``; trailing bytes are a ``DecodeError``."""
+    value, end = decode_from(buf, 0)
+    if end != len(buf):
+        raise DecodeError(f"{len(buf) - end} trailing byte(s) after the value")
+    return value

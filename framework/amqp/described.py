@@ -1,0 +1,357 @@
+"""Described classes: the ``@composite``/``@restricted`` decorators and the descriptor registry.
+
+The spec's frame bodies and message sections are described lists (composites) or described
+single values (restricted types). Each is declared once, as a class of ``amqp_field``s under one
+of these decorators, which makes it an attrs class, generates its straight-line encoder and
+decoder (once, when decorated, so a frame costs no per-field interpretation) and registers both
+under the class's descriptor code and symbolic name.
+
+It is apart from codec.py because it is a different job: codec.py is the type system (the
+per-type encoders and the constructor-byte decoder tables); this module compiles class
+declarations on top of it. It builds from codec.py's own encoder and decoder functions (hence
+the private imports: the two modules are one codec in two files) and fills the dictionaries the
+codec consults at run time, ``_ENCODERS`` by type and ``_CLASS_DEC`` by descriptor. codec.py
+imports nothing from here, so there is no cycle; a class decodes as itself once the module
+declaring it (messaging.py, performatives.py) has been imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, dataclass_transform
+
+import attrs
+
+from framework.amqp.codec import (
+    _CLASS_DEC,
+    _DEC,
+    _ENCODERS,
+    _P_BII,
+    _PLAIN,
+    _U_II,
+    _UINT_SMALL,
+    ClassDecoder,
+    Decoder,
+    Encoder,
+    _bad_code,
+    _d_array8,
+    _d_array32,
+    _d_null,
+    _e_array,
+    _e_binary,
+    _e_bool,
+    _e_byte,
+    _e_char,
+    _e_descriptor,
+    _e_double,
+    _e_fields,
+    _e_float,
+    _e_int,
+    _e_list,
+    _e_long,
+    _e_map,
+    _e_short,
+    _e_string,
+    _e_symbol,
+    _e_timestamp,
+    _e_ubyte,
+    _e_uint,
+    _e_ulong,
+    _e_ushort,
+    _e_uuid,
+    _raw,
+    _resolve,
+    encode_into,
+)
+from framework.amqp.errors import (
+    INVALID_FIELD,
+    DecodeError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
+from framework.amqp.types import (
+    FIELD_META,
+    FIELD_TYPES,
+    Array,
+    Byte,
+    Char,
+    FieldSpec,
+    Float32,
+    Int,
+    Long,
+    Short,
+    Symbol,
+    UByte,
+    UInt,
+    ULong,
+    UShort,
+    field_type,
+)
+
+_T = TypeVar("_T")
+
+_CLASSES: dict[Any, type] = {}
+"""Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
+
+
+def _e_message_id(v: Any, out: bytearray) -> None:
+    """Message ids are ulong, uuid, binary or string: a plain int can only mean ulong."""
+    if type(v) is int:
+        _e_ulong(v, out)
+    else:
+        encode_into(v, out)
+
+
+_FIELD_ENC: dict[str, Encoder] = {
+    "boolean": _e_bool, "ubyte": _e_ubyte, "ushort": _e_ushort, "uint": _e_uint,
+    "ulong": _e_ulong, "byte": _e_byte, "short": _e_short, "int": _e_int, "long": _e_long,
+    "float": _e_float, "double": _e_double, "decimal32": _raw(0x74), "decimal64": _raw(0x84),
+    "decimal128": _raw(0x94), "char": _e_char, "timestamp": _e_timestamp, "uuid": _e_uuid,
+    "binary": _e_binary, "string": _e_string, "symbol": _e_symbol, "list": _e_list,
+    "map": _e_map, "fields": _e_fields, "array": _e_array, "message-id": _e_message_id,
+    "*": encode_into,
+}  # fmt: skip
+assert set(_FIELD_ENC) == FIELD_TYPES
+# How an element of a ``multiple`` field is made into the value whose encoder fits the type.
+_COERCE: dict[str, Callable[[Any], Any]] = {
+    "boolean": bool, "ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
+    "byte": Byte, "short": Short, "int": Int, "long": Long, "float": Float32, "double": float,
+    "char": Char, "binary": bytes, "string": str, "symbol": Symbol,
+}  # fmt: skip
+
+
+def _field_table(t: str) -> list[Decoder]:
+    """The 256-entry decoder table of a typed field: its own codes, null, nothing else."""
+    if t in ("*", "message-id"):
+        return _DEC
+    plain = _PLAIN["map" if t == "fields" else t]
+    wrap = t == "array"
+    table = [_bad_code(c, t) for c in range(256)]
+    table[0x40] = _d_null
+    for code, dec in plain.items():
+        table[code] = _DEC[code] if wrap else dec
+    return table
+
+
+def _listed(dec: Decoder) -> Decoder:
+    def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        v, off = dec(buf, off, depth)
+        return [v], off
+
+    return d
+
+
+def _multiple_table(t: str) -> list[Decoder]:
+    """A ``multiple`` field: null, one value (yielded as a one-item list) or an array of them."""
+    allowed = frozenset(_PLAIN["map" if t == "fields" else t]) if t != "*" else None
+
+    def checked(dec: Decoder) -> Decoder:
+        def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+            v, off = dec(buf, off, depth)
+            if allowed is not None and v.element_code not in allowed:
+                raise DecodeError(f"array of 0x{v.element_code:02x} in a multiple {t} field")
+            return v, off
+
+        return d
+
+    table = [_listed(d) for d in _field_table(t)]
+    table[0x40] = _d_null
+    table[0xE0] = checked(_d_array8)
+    table[0xF0] = checked(_d_array32)
+    return table
+
+
+def _multiple_enc(t: str) -> Encoder:
+    single = _FIELD_ENC[t]
+    coerce = _COERCE.get(t)
+    empty = next(iter(_PLAIN[t])) if t in _PLAIN else 0x40
+
+    def enc(v: Any, out: bytearray) -> None:
+        if isinstance(v, (list, tuple)):
+            items = v if coerce is None else [coerce(x) for x in v]
+            _e_array(Array(items, getattr(v, "element_code", None) or (None if v else empty)), out)
+        else:
+            single(v, out)
+
+    return enc
+
+
+def _prefix(code: int | str) -> bytes:
+    out = bytearray(b"\x00")
+    _e_descriptor(code, out)
+    return bytes(out)
+
+
+def _compile(src: str, ns: dict[str, Any], fn: str) -> Any:
+    exec(compile(src, f"<amqp codec {fn}>", "exec"), ns)
+    return ns[fn]
+
+
+def _writer(i: int, s: FieldSpec) -> list[str]:
+    """Source lines writing the non-null field ``v{i}``, inlined for the most common types."""
+    v = f"v{i}"
+    if s.multiple or s.amqp_type not in ("boolean", "uint", "*"):
+        return [f"E{i}({v}, out)"]
+    if s.amqp_type == "boolean":
+        return [f"out.append(65 if {v} else 66)"]
+    if s.amqp_type == "uint":
+        return [f"if 0 <= {v} <= 255: out += UINT_SMALL[{v}]", f"else: E{i}({v}, out)"]
+    return [f"(ENC.get(type({v})) or resolve(type({v})))({v}, out)"]
+
+
+def _gen_composite(cls: type, name: str, pre: bytes, specs: list[tuple[str, FieldSpec]]) -> None:
+    """Generate straight-line encode/decode functions for one composite class.
+
+    Both nest one ``if`` per field, so the work stops at the last field present: trailing
+    nulls cost nothing to omit on the way out, nor absent fields on the way in.
+    """
+    k = len(specs)
+    ns: dict[str, Any] = {"head": pre + b"\xc0\x00\x00", "list0": pre + b"\x45",
+                          "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError,
+                          "RemoteProtocolError": RemoteProtocolError, "CLS": cls,
+                          "LocalProtocolError": LocalProtocolError, "INVALID": INVALID_FIELD,
+                          "skip": _skip, "UINT_SMALL": _UINT_SMALL, "ENC": _ENCODERS,
+                          "resolve": _resolve}  # fmt: skip
+    enc = ["def enc(self, out):"]
+    dec = [
+        "def dec(code, buf, off, depth):",
+        "    if code == 0xc0:",
+        "        end = off + 1 + buf[off]; n = buf[off + 1]; off += 2",
+        "    elif code == 0x45:",
+        "        end = off; n = 0",
+        "    elif code == 0xd0:",
+        "        size, n = U_II(buf, off); end = off + 4 + size; off += 8",
+        "    else:",
+        f"        raise DecodeError('{name}: constructor 0x%02x is not a list' % code)",
+        "    if end > len(buf) or n > end - off:",
+        f"        raise DecodeError('{name}: list size or count exceeds the data')",
+    ]
+    post, body, indent = [], [], "    "
+    for i, (attr, s) in enumerate(specs):
+        ns[f"E{i}"] = _multiple_enc(s.amqp_type) if s.multiple else _FIELD_ENC[s.amqp_type]
+        ns[f"T{i}"] = _multiple_table(s.amqp_type) if s.multiple else _field_table(s.amqp_type)
+        ns[f"D{i}"] = s.default
+        enc.append(f"    v{i} = self.{attr}")
+        if s.default is not None:
+            enc.append(f"    if v{i} == D{i}: v{i} = None")
+            post.append(f"    if v{i} is None: v{i} = D{i}")
+        if s.mandatory:
+            msg = f"'{name}: mandatory field {attr} is missing'"
+            enc.append(f"    if v{i} is None: raise LocalProtocolError(INVALID, {msg})")
+            post.append(f"    if v{i} is None: raise RemoteProtocolError(INVALID, {msg})")
+            body += [indent + line for line in _writer(i, s)]
+        else:
+            body += [f"{indent}if v{i} is None: out.append(64)", f"{indent}else:"]
+            body += [f"{indent}    {line}" for line in _writer(i, s)]
+        dec += [
+            f"{indent}if n > {i}:",
+            f"{indent}    c = buf[off]",  # nulls are common: skip them without a call
+            f"{indent}    if c == 64: off += 1",
+            f"{indent}    else: v{i}, off = T{i}[c](buf, off + 1, depth)",
+        ]
+        indent += "    "
+        if i < k - 1:
+            body.append(f"{indent[:-4]}if n > {i + 1}:")
+    dec.append(f"{indent}if n > {k}: off = skip(buf, off, n - {k}, depth)")
+    if k:
+        dec.insert(11, "    " + " = ".join(f"v{i}" for i in range(k)) + " = None")
+        enc += [f"    {'el' if i < k - 1 else ''}if v{i} is not None: n = {i + 1}"
+                for i in reversed(range(k))]  # fmt: skip
+        enc += ["    else:", "        out += list0", "        return"]
+        enc += ["    out += head", "    pos = len(out)", *body, "    size = len(out) - pos + 1"]
+        enc += ["    if size <= 255:", "        out[pos - 2] = size; out[pos - 1] = n", "    else:"]
+        enc += ["        out[pos - 3:pos] = P_BII(0xd0, size + 3, n)"]
+    else:
+        enc.append("    out += list0")
+    dec += [
+        "    if off != end:",
+        f"        raise DecodeError('{name}: list size disagrees with its fields')",
+    ]
+    dec += post
+    dec.append(f"    return CLS({', '.join(f'v{i}' for i in range(k))}), off")
+    _register(cls, _compile("\n".join(enc), ns, "enc"), _compile("\n".join(dec), ns, "dec"))
+
+
+def _skip(buf: Any, off: int, n: int, depth: int) -> int:
+    """Step over ``n`` trailing fields a newer peer sent (the spec says to ignore them)."""
+    for _ in range(n):
+        _, off = _DEC[buf[off]](buf, off + 1, depth)
+    return off
+
+
+def _register(cls: type, enc: Encoder, dec: ClassDecoder) -> None:
+    code, name = cls.__amqp_descriptor__  # type: ignore[attr-defined]
+    for key in (code, name):  # check both before registering either
+        old = _CLASSES.get(key)
+        if old is not None and old.__qualname__ != cls.__qualname__:  # (a reload is no clash)
+            raise ValueError(f"descriptor {key!r} already belongs to {old.__qualname__}")
+    for key in (code, name):
+        _CLASSES[key] = cls
+        _CLASS_DEC[key] = dec
+    _ENCODERS[cls] = enc
+
+
+def _describe(cls: type, code: int, name: str) -> tuple[bytes, type]:
+    if not 0 <= code <= 0xFFFFFFFFFFFFFFFF:
+        raise ValueError(f"descriptor code out of ulong range: {code}")
+    name.encode("ascii")
+    new_cls = attrs.define(cls, slots=True)
+    new_cls.__amqp_descriptor__ = (code, Symbol(name))  # type: ignore[attr-defined]
+    return _prefix(code), new_cls
+
+
+@dataclass_transform()
+def composite(*, code: int, name: str) -> Callable[[type[_T]], type[_T]]:
+    """Make an ``amqp_field``-annotated class an attrs class encoded as a described list.
+
+    ``code`` is the full ulong descriptor (spec ``0x00000000:0x000000XX`` is ``0xXX``).
+    """
+
+    def decorate(cls: type[_T]) -> type[_T]:
+        pre, new_cls = _describe(cls, code, name)
+        specs = []
+        for f in attrs.fields(new_cls):
+            spec = f.metadata.get(FIELD_META)
+            if spec is None:
+                raise TypeError(f"{cls.__qualname__}.{f.name} is not declared with amqp_field")
+            specs.append((f.name, spec))
+        new_cls.__amqp_fields__ = tuple(specs)  # type: ignore[attr-defined]
+        _gen_composite(new_cls, name, pre, specs)
+        return new_cls
+
+    return decorate
+
+
+@dataclass_transform()
+def restricted(*, code: int, name: str, source: str) -> Callable[[type[_T]], type[_T]]:
+    """Make a class with one attribute ``value`` a described value of the ``source`` type."""
+    base = field_type(source)
+
+    def decorate(cls: type[_T]) -> type[_T]:
+        pre, new_cls = _describe(cls, code, name)
+        if [f.name for f in attrs.fields(new_cls)] != ["value"]:
+            raise TypeError(f"{cls.__qualname__} must have exactly one attribute, 'value'")
+        value_enc = _FIELD_ENC[base]
+        table = _field_table(base)
+
+        def enc(self: Any, out: bytearray) -> None:
+            out += pre
+            v = self.value
+            if v is None:
+                out.append(0x40)
+            else:
+                value_enc(v, out)
+
+        def dec(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+            v, off = table[code](buf, off, depth)
+            return new_cls(v), off
+
+        _register(new_cls, enc, dec)
+        return new_cls
+
+    return decorate
+
+
+def registered_class(descriptor: int | str) -> type | None:
+    """The class registered for a descriptor code or symbolic name, if any."""
+    return _CLASSES.get(descriptor)
