@@ -1,0 +1,226 @@
+"""Link endpoint state (Part 2 §2.6): handles, roles, credit, deliveries and reassembly.
+
+A ``Link`` only keeps state and checks rules; the session owns delivery-id allocation and
+windows, the connection writes frames. Sequence numbers (delivery-count, delivery-id) are
+RFC-1982 serial numbers modulo 2**32, so the arithmetic lives here in one place.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from . import errors
+from .performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED, Attach, Transfer
+
+if TYPE_CHECKING:
+    from .messaging import Source, Target
+    from .session import Session
+
+SERIAL_MOD = 1 << 32
+SERIAL_MASK = SERIAL_MOD - 1
+
+
+def serial_add(a: int, n: int) -> int:
+    return (a + n) & SERIAL_MASK
+
+
+def serial_diff(a: int, b: int) -> int:
+    """``a - b`` for serial numbers: negative when ``a`` is behind ``b``."""
+    d = (a - b) & SERIAL_MASK
+    return d - SERIAL_MOD if d >= 1 << 31 else d
+
+
+class LinkState(enum.Enum):
+    ATTACH_SENT = "attach-sent"  # ours went out, the peer's has not come
+    ATTACH_RECEIVED = "attach-received"  # the peer's came, ours is still owed
+    ATTACHED = "attached"
+    DETACH_SENT = "detach-sent"  # ours went out, frames for the link are dropped until theirs
+    DETACHED = "detached"
+
+
+class LinkError(Exception):
+    """A rule broken on one link: the link is detached with ``condition``, the rest lives on."""
+
+    def __init__(self, condition: str, description: str) -> None:
+        super().__init__(description)
+        self.condition = condition
+        self.description = description
+
+
+@attrs.define(eq=False)
+class Delivery:
+    """One message on one link, from its first transfer until both ends have settled it."""
+
+    link: Link
+    delivery_id: int
+    tag: bytes
+    settled: bool = False  # settled by us
+    message_format: int = 0
+    state: Any = None  # the outcome we declared
+    remote_state: Any = None
+    remote_settled: bool = False
+    aborted: bool = False
+
+
+@attrs.define(eq=False)
+class Link:
+    """Our end of a link. Fields named ``remote_*`` are what the peer's attach said."""
+
+    session: Session
+    name: str
+    handle: int
+    role: bool
+    state: LinkState
+    source: Source | None = None
+    target: Target | None = None
+    snd_settle_mode: int = SND_MIXED
+    rcv_settle_mode: int = RCV_FIRST
+    properties: dict[Any, Any] | None = None
+    max_message_size: int | None = None  # the limit we enforce on incoming messages
+    offered_capabilities: list[Any] | None = None
+    desired_capabilities: list[Any] | None = None
+    remote_attach: Attach | None = None
+    detach_error: Any = None  # the error our own detach carried, reported with LinkDetached
+    remote_handle: int | None = None
+    # flow state (§2.6.7), both roles keep the same names
+    delivery_count: int = 0
+    link_credit: int = 0
+    available: int = 0
+    drain: bool = False
+    echo_requested: bool = False
+    # receiver side reassembly of a multi-frame delivery
+    _partial: Delivery | None = None
+    _partial_chunks: list[bytes] = attrs.field(factory=list)
+    _partial_size: int = 0
+    _next_tag: int = 0
+    user_data: Any = None  # free for the layer above (a mailbox, a future...)
+
+    @property
+    def is_sender(self) -> bool:
+        return self.role is ROLE_SENDER
+
+    @property
+    def is_receiver(self) -> bool:
+        return self.role is ROLE_RECEIVER
+
+    @property
+    def remote_source(self) -> Source | None:
+        return self.remote_attach.source if self.remote_attach else None
+
+    @property
+    def remote_target(self) -> Target | None:
+        return self.remote_attach.target if self.remote_attach else None
+
+    @property
+    def remote_properties(self) -> dict[Any, Any] | None:
+        return self.remote_attach.properties if self.remote_attach else None
+
+    @property
+    def remote_max_message_size(self) -> int | None:
+        """The largest message the peer takes on this link (0 or absent: no limit)."""
+        if self.remote_attach is None or not self.remote_attach.max_message_size:
+            return None
+        return int(self.remote_attach.max_message_size)
+
+    def next_tag(self) -> bytes:
+        tag = self._next_tag.to_bytes(8, "big").lstrip(b"\0") or b"\0"
+        self._next_tag += 1
+        return tag
+
+    # -- sender side -----------------------------------------------------------------------
+
+    def apply_remote_flow(self, delivery_count: int | None, link_credit: int) -> None:
+        """Recompute our credit from the receiver's view (§2.6.7 'link-credit_snd')."""
+        if self.is_sender:
+            base = self.delivery_count if delivery_count is None else delivery_count
+            self.link_credit = max(
+                0, serial_diff(serial_add(base, link_credit), self.delivery_count)
+            )
+        else:
+            # a sender's flow tells the receiver how far its delivery-count has advanced
+            if delivery_count is not None:
+                advanced = serial_diff(delivery_count, self.delivery_count)
+                if advanced > 0:
+                    self.link_credit = max(0, self.link_credit - advanced)
+                    self.delivery_count = delivery_count
+
+    def consume_credit(self) -> None:
+        """One delivery sent: credit may go below what we were granted only when pipelining."""
+        self.delivery_count = serial_add(self.delivery_count, 1)
+        if self.link_credit > 0:
+            self.link_credit -= 1
+
+    def drain_credit(self) -> None:
+        """Sender answered a drain: spend all remaining credit by advancing delivery-count."""
+        self.delivery_count = serial_add(self.delivery_count, self.link_credit)
+        self.link_credit = 0
+
+    # -- receiver side ---------------------------------------------------------------------
+
+    def receive_transfer(
+        self, transfer: Transfer, payload: memoryview, delivery_id: int | None
+    ) -> tuple[Delivery, bytes] | None:
+        """Take one transfer frame; return the delivery and its payload once the last is in.
+
+        ``delivery_id`` is the session-resolved id (continuations may omit it on the wire).
+        Raises ``LinkError`` for link-level breaches and ``RemoteProtocolError`` for ones the
+        spec treats as fatal to the connection.
+        """
+        partial = self._partial
+        if partial is None:
+            if delivery_id is None or transfer.delivery_tag is None:
+                raise errors.RemoteProtocolError(
+                    errors.INVALID_FIELD, "first transfer of a delivery lacks id or tag"
+                )
+            if self.link_credit <= 0:
+                raise LinkError(errors.TRANSFER_LIMIT_EXCEEDED, "transfer without link credit")
+            self.link_credit -= 1
+            self.delivery_count = serial_add(self.delivery_count, 1)
+            partial = Delivery(
+                self,
+                delivery_id,
+                bytes(transfer.delivery_tag),
+                settled=bool(transfer.settled),
+                message_format=transfer.message_format or 0,
+                remote_settled=bool(transfer.settled),
+                remote_state=transfer.state,
+            )
+        elif delivery_id is not None and delivery_id != partial.delivery_id:
+            raise errors.RemoteProtocolError(
+                errors.INVALID_FIELD, "continuation transfer names another delivery-id"
+            )
+        else:
+            if transfer.settled:
+                partial.settled = partial.remote_settled = True
+            if transfer.state is not None:
+                partial.remote_state = transfer.state
+        if transfer.aborted:
+            self._reset_partial()
+            return None
+        size = self._partial_size + len(payload)
+        limit = self.max_message_size
+        if limit and size > limit:
+            self._reset_partial()
+            raise LinkError(
+                errors.MESSAGE_SIZE_EXCEEDED, f"message of over {limit} bytes on {self.name!r}"
+            )
+        if transfer.more:
+            self._partial = partial
+            self._partial_chunks.append(bytes(payload))
+            self._partial_size = size
+            return None
+        if self._partial_chunks:
+            self._partial_chunks.append(bytes(payload))
+            partial_payload = b"".join(self._partial_chunks)
+        else:
+            partial_payload = bytes(payload)
+        self._reset_partial()
+        return partial, partial_payload
+
+    def _reset_partial(self) -> None:
+        self._partial = None
+        self._partial_chunks = []
+        self._partial_size = 0

@@ -1,0 +1,358 @@
+"""Session endpoint state (Part 2 §2.5): channels, transfer windows, delivery ids, dispositions.
+
+The session numbers every transfer frame (next-outgoing-id / next-incoming-id), keeps both
+windows of §2.5.6, allocates delivery ids shared by its links, and remembers unsettled
+deliveries both ways so dispositions (ranges included) can find them. Frames go out through the
+``write`` callable the connection hands in; the session never sees bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from . import errors
+from .codec import encode
+from .link import Delivery, Link, LinkState, serial_add, serial_diff
+from .performatives import ROLE_RECEIVER, Begin, Disposition, Flow, Transfer
+
+WriteFrame = Callable[[Any, bytes | memoryview], None]
+
+PIPELINE_WINDOW = 16
+"""Transfer frames we send before the peer's begin tells us its incoming window (LP-10)."""
+
+# Fixed part of a transfer frame besides the performative's own encoding: the frame header.
+FRAME_HEADER_SIZE = 8
+
+
+class SessionState(enum.Enum):
+    BEGIN_SENT = "begin-sent"
+    BEGIN_RECEIVED = "begin-received"
+    MAPPED = "mapped"
+    END_SENT = "end-sent"
+    ENDED = "ended"
+
+
+@attrs.define(eq=False)
+class Session:
+    """Our end of one session. ``remote_*`` fields come from the peer's begin and flows."""
+
+    channel: int
+    write: WriteFrame = attrs.field(repr=False)
+    state: SessionState
+    incoming_window_size: int = 65536
+    handle_max: int = 1023
+    remote_channel: int | None = None
+    next_outgoing_id: int = 0
+    outgoing_window: int = 2**31 - 1
+    incoming_window: int = 0
+    next_incoming_id: int | None = None
+    remote_incoming_window: int = PIPELINE_WINDOW
+    remote_outgoing_window: int = 0
+    remote_handle_max: int = 2**32 - 1
+    next_delivery_id: int = 0
+    links: dict[int, Link] = attrs.field(factory=dict)  # by our handle
+    remote_links: dict[int, Link] = attrs.field(factory=dict)  # by the peer's handle
+    names: dict[tuple[str, bool], Link] = attrs.field(factory=dict)  # (name, our role)
+    unsettled_out: dict[int, Delivery] = attrs.field(factory=dict)
+    unsettled_in: dict[int, Delivery] = attrs.field(factory=dict)
+    _blocked: deque[tuple[Transfer, bytes | memoryview]] = attrs.field(factory=deque)
+    _pending_dispositions: list[tuple[bool, int, bool, Any]] = attrs.field(factory=list)
+    _incoming_delivery_id: int | None = None  # id of the multi-frame delivery in progress
+    next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
+    user_data: Any = None
+
+    def __attrs_post_init__(self) -> None:
+        self.incoming_window = self.incoming_window_size
+
+    # -- begin / end -----------------------------------------------------------------------
+
+    def begin_frame(self) -> Begin:
+        return Begin(
+            remote_channel=self.remote_channel,
+            next_outgoing_id=self.next_outgoing_id,
+            incoming_window=self.incoming_window,
+            outgoing_window=self.outgoing_window,
+            handle_max=self.handle_max,
+        )
+
+    def on_begin(self, begin: Begin) -> None:
+        self.next_incoming_id = begin.next_outgoing_id
+        self.remote_outgoing_window = begin.outgoing_window
+        self.remote_handle_max = begin.handle_max
+        # the peer counts our frames from our initial next-outgoing-id (0), some may be in flight
+        self.remote_incoming_window = max(
+            0, begin.incoming_window - serial_diff(self.next_outgoing_id, 0)
+        )
+        self.state = SessionState.MAPPED
+        self._unblock()
+
+    # -- handles ---------------------------------------------------------------------------
+
+    def allocate_handle(self) -> int:
+        for handle in range(self.handle_max + 1):
+            if handle not in self.links:
+                return handle
+        raise errors.LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free link handle")
+
+    def add_link(self, link: Link) -> None:
+        self.links[link.handle] = link
+        self.names[(link.name, link.role)] = link
+
+    def forget_link(self, link: Link) -> None:
+        """Drop a fully detached link; its unsettled deliveries die with it."""
+        link.state = LinkState.DETACHED
+        self.links.pop(link.handle, None)
+        if link.remote_handle is not None:
+            self.remote_links.pop(link.remote_handle, None)
+        if self.names.get((link.name, link.role)) is link:
+            del self.names[(link.name, link.role)]
+        for table in (self.unsettled_in, self.unsettled_out):
+            for delivery_id in [i for i, d in table.items() if d.link is link]:
+                del table[delivery_id]
+
+    def remote_link(self, handle: int) -> Link:
+        link = self.remote_links.get(handle)
+        if link is None:
+            raise errors.RemoteProtocolError(
+                errors.UNATTACHED_HANDLE, f"handle {handle} is not attached"
+            )
+        return link
+
+    # -- flow ------------------------------------------------------------------------------
+
+    def flow_frame(self, link: Link | None = None, *, echo: bool = False) -> Flow:
+        """Our session state, plus one link's, as a flow frame; refills our incoming window."""
+        self.incoming_window = self.incoming_window_size
+        flow = Flow(
+            next_incoming_id=self.next_incoming_id,
+            incoming_window=self.incoming_window,
+            next_outgoing_id=self.next_outgoing_id,
+            outgoing_window=self.outgoing_window,
+            echo=echo,
+        )
+        if link is not None:
+            flow.handle = link.handle
+            flow.delivery_count = link.delivery_count
+            flow.link_credit = link.link_credit
+            flow.available = link.available
+            flow.drain = link.drain
+        return flow
+
+    def on_flow(self, flow: Flow) -> Link | None:
+        """Take the peer's flow; returns the link it names, if any (state already applied)."""
+        next_incoming = 0 if flow.next_incoming_id is None else flow.next_incoming_id
+        self.remote_incoming_window = max(
+            0, serial_diff(serial_add(next_incoming, flow.incoming_window), self.next_outgoing_id)
+        )
+        self.remote_outgoing_window = flow.outgoing_window
+        link = None
+        if flow.handle is not None:
+            link = self.remote_link(flow.handle)
+            if link.state is not LinkState.DETACH_SENT:
+                link.apply_remote_flow(flow.delivery_count, flow.link_credit or 0)
+                link.drain = bool(flow.drain)
+                link.echo_requested = bool(flow.echo)
+                if flow.available is not None:
+                    link.available = flow.available
+        self._unblock()
+        return link
+
+    def wants_window_refill(self) -> bool:
+        return self.incoming_window <= self.incoming_window_size // 2
+
+    # -- outgoing transfers ----------------------------------------------------------------
+
+    def send(
+        self,
+        link: Link,
+        payload: bytes | memoryview,
+        *,
+        tag: bytes,
+        settled: bool,
+        message_format: int,
+        max_frame_size: int,
+    ) -> Delivery:
+        delivery = Delivery(link, self.next_delivery_id, tag, settled, message_format)
+        self.next_delivery_id = serial_add(self.next_delivery_id, 1)
+        link.consume_credit()
+        if not settled:
+            self.unsettled_out[delivery.delivery_id] = delivery
+        first = Transfer(
+            handle=link.handle,
+            delivery_id=delivery.delivery_id,
+            delivery_tag=tag,
+            message_format=message_format,
+            settled=settled,
+        )
+        view = memoryview(payload)
+        first.more = True  # measured with 'more' set: the split case must fit too
+        room = max_frame_size - FRAME_HEADER_SIZE - _transfer_overhead(first)
+        if len(view) <= room:
+            first.more = False
+            self._queue_transfer(first, view)
+            return delivery
+        self._queue_transfer(first, view[:room])
+        offset = room
+        while offset < len(view):
+            chunk = view[offset : offset + room]
+            offset += room
+            more = offset < len(view)
+            self._queue_transfer(Transfer(handle=link.handle, more=more), chunk)
+        return delivery
+
+    def _queue_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
+        if self._blocked or self.remote_incoming_window <= 0:
+            self._blocked.append((transfer, chunk))
+            return
+        self._write_transfer(transfer, chunk)
+
+    def _write_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
+        self.next_outgoing_id = serial_add(self.next_outgoing_id, 1)
+        self.remote_incoming_window -= 1
+        self.write(transfer, chunk)
+
+    def _unblock(self) -> None:
+        while self._blocked and self.remote_incoming_window > 0:
+            self._write_transfer(*self._blocked.popleft())
+
+    @property
+    def blocked_frames(self) -> int:
+        """Transfer frames waiting for the peer to open its incoming window."""
+        return len(self._blocked)
+
+    # -- incoming transfers ----------------------------------------------------------------
+
+    def on_transfer(
+        self, transfer: Transfer, payload: memoryview
+    ) -> tuple[Link, tuple[Delivery, bytes] | None]:
+        """Count the frame against our window, then hand it to its link for reassembly."""
+        link = self.remote_link(transfer.handle)
+        if self.incoming_window <= 0:
+            raise errors.RemoteProtocolError(
+                errors.WINDOW_VIOLATION, "transfer beyond the session's incoming window"
+            )
+        self.incoming_window -= 1
+        if self.next_incoming_id is not None:
+            self.next_incoming_id = serial_add(self.next_incoming_id, 1)
+        if not link.is_receiver:
+            raise errors.RemoteProtocolError(
+                errors.ILLEGAL_STATE, f"transfer on {link.name!r}, where the peer is receiver"
+            )
+        if link.state is LinkState.DETACH_SENT:
+            return link, None  # we detached it; frames still in flight are dropped
+        delivery_id = transfer.delivery_id
+        if delivery_id is None and self._incoming_delivery_id is not None:
+            delivery_id = self._incoming_delivery_id
+        elif delivery_id is not None and self._incoming_delivery_id is None:
+            expected = self.next_incoming_delivery
+            if expected is not None and delivery_id != expected:
+                raise errors.RemoteProtocolError(
+                    errors.INVALID_FIELD, f"delivery-id {delivery_id}, expected {expected}"
+                )
+        done = link.receive_transfer(transfer, payload, delivery_id)
+        if transfer.more and not transfer.aborted:
+            self._incoming_delivery_id = delivery_id
+        else:
+            self._incoming_delivery_id = None
+            if delivery_id is not None:
+                self.next_incoming_delivery = serial_add(delivery_id, 1)
+        if done is not None and not done[0].remote_settled:
+            self.unsettled_in[done[0].delivery_id] = done[0]
+        return link, done
+
+    # -- dispositions ----------------------------------------------------------------------
+
+    def settle(self, delivery: Delivery, state: Any, settled: bool) -> None:
+        """Declare an outcome for a delivery; frames coalesce into ranges at ``flush``."""
+        delivery.state = state
+        if settled:
+            delivery.settled = True
+            table = self.unsettled_in if delivery.link.is_receiver else self.unsettled_out
+            table.pop(delivery.delivery_id, None)
+        role = delivery.link.role
+        self._pending_dispositions.append((role, delivery.delivery_id, settled, state))
+
+    def flush_dispositions(self) -> None:
+        """Write queued dispositions, one frame per run of consecutive ids with one outcome."""
+        pending = self._pending_dispositions
+        if not pending:
+            return
+        self._pending_dispositions = []
+        pending.sort(key=lambda p: (p[0], p[1]))
+        run_role, first, settled, state = pending[0]
+        last = first
+        for role, delivery_id, d_settled, d_state in pending[1:]:
+            if (
+                role == run_role
+                and delivery_id == serial_add(last, 1)
+                and d_settled == settled
+                and d_state == state
+            ):
+                last = delivery_id
+                continue
+            self._write_disposition(run_role, first, last, settled, state)
+            run_role, first, last, settled, state = (
+                role,
+                delivery_id,
+                delivery_id,
+                d_settled,
+                d_state,
+            )
+        self._write_disposition(run_role, first, last, settled, state)
+
+    def _write_disposition(
+        self, role: bool, first: int, last: int, settled: bool, state: Any
+    ) -> None:
+        self.write(
+            Disposition(
+                role=role,
+                first=first,
+                last=None if last == first else last,
+                settled=settled,
+                state=state,
+            ),
+            b"",
+        )
+
+    def on_disposition(self, disposition: Disposition) -> list[Delivery]:
+        """Apply the peer's disposition to the deliveries it names; returns those changed."""
+        # role is the peer's role: a receiver's disposition is about deliveries we sent
+        table = self.unsettled_out if disposition.role is ROLE_RECEIVER else self.unsettled_in
+        first = disposition.first
+        last = first if disposition.last is None else disposition.last
+        span = serial_diff(last, first)
+        if span < 0:
+            raise errors.RemoteProtocolError(errors.INVALID_FIELD, "disposition last < first")
+        changed = []
+        if span + 1 > len(table):
+            ids = [i for i in table if 0 <= serial_diff(i, first) <= span]
+        else:
+            ids = [serial_add(first, k) for k in range(span + 1)]
+        for delivery_id in ids:
+            delivery = table.get(delivery_id)
+            if delivery is None:
+                continue
+            if disposition.state is not None:
+                delivery.remote_state = disposition.state
+            if disposition.settled:
+                delivery.remote_settled = True
+                del table[delivery_id]
+            changed.append(delivery)
+        return changed
+
+    def forget_all_links(self) -> list[Link]:
+        """The session is gone: every link goes with it. Returns the links that were live."""
+        links = list(self.links.values())
+        for link in links:
+            self.forget_link(link)
+        return links
+
+
+def _transfer_overhead(transfer: Transfer) -> int:
+    """Bytes the performative of a first transfer takes (continuations are never larger)."""
+    return len(encode(transfer))

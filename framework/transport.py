@@ -1,0 +1,782 @@
+"""The Trio layer under the AMQP engine: sockets, TLS, time and tasks, nothing about the protocol.
+
+Each connection runs three tasks in its own nursery: one reader (bytes -> engine -> events),
+one writer (everything the engine queued since the last send goes out in one ``send_all``, so a
+burst of frames costs one system call), and one timer (heartbeats, idle timeout). Leaving the
+``connect``/``listen`` context, cleanly or by cancellation, closes the connection and the
+socket and leaves no task behind. Network failures never escape a background task: they fail
+the operations waiting on that connection with ``ConnectionLostError``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import attrs
+import structlog
+import trio
+
+from framework.amqp.connection import Connection, ConnectionConfig
+from framework.amqp.events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DeliveryUpdated,
+    Event,
+    LinkAttached,
+    LinkAttachRequested,
+    LinkDetached,
+    LinkFlow,
+    MessageReceived,
+    ProtocolViolation,
+    SaslDone,
+    SessionEnded,
+    TransportFailed,
+)
+from framework.amqp.link import Delivery, Link
+from framework.amqp.messaging import Error, Message, Source, Target
+from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
+from framework.amqp.sasl import EXTERNAL, SaslClient, SaslServer
+from framework.amqp.session import Session
+from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
+
+log = structlog.get_logger("pairlink.transport")
+
+AMQP_PORT = 5672
+AMQPS_PORT = 5671
+READ_SIZE = 1 << 16
+HANDSHAKE_TIMEOUT = 30.0
+_NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError)
+_conn_ids = itertools.count(1)
+
+OnAttach = Callable[["AmqpConnection", Link], None]
+"""Called for each link the peer opens; must answer it (``accept_*``) or ``refuse`` it."""
+
+
+@attrs.frozen
+class AmqpUrl:
+    """``amqp[s]://[user:password@]host[:port]`` split into what a connection needs."""
+
+    scheme: str
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "amqps"
+
+    @classmethod
+    def parse(cls, url: str) -> AmqpUrl:
+        parts = urlsplit(url)
+        if parts.scheme not in ("amqp", "amqps"):
+            raise ValueError(f"{url!r}: the scheme must be amqp or amqps")
+        if not parts.hostname:
+            raise ValueError(f"{url!r}: no host")
+        default = AMQPS_PORT if parts.scheme == "amqps" else AMQP_PORT
+        return cls(
+            parts.scheme,
+            parts.hostname,
+            parts.port if parts.port is not None else default,
+            unquote(parts.username) if parts.username else None,
+            unquote(parts.password) if parts.password else None,
+        )
+
+
+class Sender:
+    """Our sending end of a link: ``send`` waits for credit, optionally for the outcome."""
+
+    def __init__(self, conn: AmqpConnection, link: Link) -> None:
+        self.conn = conn
+        self.link = link
+        self._credit = trio.Event()
+        self._outcomes: dict[Delivery, trio.Event] = {}
+        self.attached = trio.Event()
+        self.detached: LinkDetachedError | None = None
+        link.user_data = self
+
+    async def send(
+        self,
+        message: Message | bytes,
+        *,
+        settled: bool | None = None,
+        wait: bool = True,
+        presume_credit: bool = False,
+    ) -> Delivery:
+        """Send one message; unless ``settled``, ``wait`` for the receiver's outcome.
+
+        Returns the delivery, whose ``remote_state`` holds the outcome once it came.
+        """
+        payload = message.encode() if isinstance(message, Message) else message
+        while self.link.link_credit <= 0 and not (
+            presume_credit and self.link.remote_attach is None
+        ):
+            self._check_usable()
+            await self._credit.wait()
+        self._check_usable()
+        delivery = self.conn.engine.send(
+            self.link, payload, settled=settled, presume_credit=presume_credit
+        )
+        self.conn.kick()
+        if delivery.settled or not wait:
+            return delivery
+        done = self._outcomes[delivery] = trio.Event()
+        try:
+            await done.wait()
+        finally:
+            self._outcomes.pop(delivery, None)
+        self._check_usable(delivery)
+        return delivery
+
+    def _check_usable(self, delivery: Delivery | None = None) -> None:
+        if delivery is not None and delivery.remote_settled:
+            return
+        self.conn.raise_if_closed()
+        if self.detached is not None:
+            raise self.detached
+
+    def _on_flow(self) -> None:
+        if self.link.link_credit > 0:  # wake every waiter; each re-checks the credit left
+            self._credit.set()
+            self._credit = trio.Event()
+
+    def _on_update(self, delivery: Delivery) -> None:
+        if delivery.remote_settled or delivery.remote_state is not None:
+            event = self._outcomes.get(delivery)
+            if event is not None:
+                event.set()
+
+    def _wake_all(self) -> None:
+        self._credit.set()
+        for event in self._outcomes.values():
+            event.set()
+
+    async def close(self, error: Error | None = None) -> None:
+        self.conn.engine.detach(self.link, closed=True, error=error)
+        self.conn.kick()
+
+
+@attrs.define
+class Received:
+    """A message that arrived on a receiver, with the delivery to settle."""
+
+    message: Message
+    delivery: Delivery
+    payload: bytes
+
+
+class Receiver:
+    """Our receiving end of a link, holding ``credit`` messages at most (a bounded mailbox).
+
+    Credit is granted again as the consumer takes messages, once half of it is used, so one
+    flow frame answers many messages and nothing ever queues beyond ``credit``.
+    """
+
+    def __init__(self, conn: AmqpConnection, link: Link, credit: int) -> None:
+        self.conn = conn
+        self.link = link
+        self.credit = credit
+        self._send, self._recv = trio.open_memory_channel[Received](math.inf)
+        self._queued = 0
+        self.attached = trio.Event()
+        self.detached: LinkDetachedError | None = None
+        link.user_data = self
+
+    def grant(self) -> None:
+        """Top the link's credit up to ``credit`` minus what waits unconsumed."""
+        if self.detached is None and not self.conn.engine.closed:
+            self.conn.engine.flow(self.link, self.credit - self._queued)
+            self.conn.kick()
+
+    async def receive(self) -> Received:
+        try:
+            item = await self._recv.receive()
+        except trio.EndOfChannel:
+            self.conn.raise_if_closed()
+            assert self.detached is not None
+            raise self.detached from None
+        self._queued -= 1
+        if self.link.link_credit + self._queued <= self.credit // 2:
+            self.grant()
+        return item
+
+    def settle(self, received: Received, state: Any) -> None:
+        """Declare the outcome (Accepted(), Rejected(...)...) of a received message."""
+        if not received.delivery.settled:
+            self.conn.engine.settle(received.delivery, state)
+            self.conn.kick()
+
+    def _on_message(self, delivery: Delivery, payload: bytes) -> None:
+        message = Message.decode(payload)
+        self._queued += 1
+        self._send.send_nowait(Received(message, delivery, payload))
+
+    def _wake_all(self) -> None:
+        self._send.close()
+
+    def __aiter__(self) -> AsyncIterator[Received]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Received]:
+        while True:
+            try:
+                yield await self.receive()
+            except (ConnectionLostError, LinkDetachedError):
+                return
+
+    async def close(self, error: Error | None = None) -> None:
+        self.conn.engine.detach(self.link, closed=True, error=error)
+        self.conn.kick()
+
+
+class AmqpConnection:
+    """A live AMQP connection over a Trio stream; create it with ``connect`` or ``listen``."""
+
+    def __init__(
+        self,
+        stream: trio.abc.Stream,
+        config: ConnectionConfig,
+        *,
+        initiator: bool,
+        peer: str,
+        on_attach: OnAttach | None = None,
+    ) -> None:
+        self.stream = stream
+        self.engine = Connection(config, initiator=initiator)
+        self.peer = peer
+        self.on_attach = on_attach
+        self.id = next(_conn_ids)
+        self.log = log.bind(conn=self.id, peer=peer, container=config.container_id)
+        self.opened = trio.Event()
+        self.closed = trio.Event()
+        self.flushed = trio.Event()  # the writer is done: last bytes sent, socket closed
+        self.error: ConnectionLostError | None = None
+        self._kick_send, self._kick_recv = trio.open_memory_channel[None](1)
+        self._timer_kick = trio.Event()
+        self._session: Session | None = None
+        self._names = itertools.count(1)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def _run(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._read_loop)
+        nursery.start_soon(self._write_loop)
+        nursery.start_soon(self._timer_loop)
+
+    def kick(self) -> None:
+        """Wake the writer: whatever the engine queued goes out in its next send."""
+        try:
+            self._kick_send.send_nowait(None)
+        except trio.WouldBlock:
+            pass  # a wake-up is already pending; it will carry these bytes too
+        except trio.ClosedResourceError:
+            pass  # the connection is finished: nothing more goes out
+
+    async def wait_opened(self) -> None:
+        """Wait for the peer's open (SASL done); raises if the connection failed first."""
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def watch_close() -> None:
+                    await self.closed.wait()
+                    scope.cancel()
+
+                nursery.start_soon(watch_close)
+                await self.opened.wait()
+                nursery.cancel_scope.cancel()
+        self.raise_if_closed()
+
+    def raise_if_closed(self) -> None:
+        if self.error is not None:
+            raise self.error
+        if self.closed.is_set():
+            raise ConnectionLostError("the connection is closed")
+
+    async def close(self, error: Error | None = None, *, grace: float = 5.0) -> None:
+        """Close cleanly: send close, wait ``grace`` seconds at most for the peer's, then
+        drop the socket."""
+        if not self.closed.is_set():
+            self.engine.close(error)
+            self.kick()
+            with trio.move_on_after(grace):
+                await self.closed.wait()
+        self._finish(None)
+
+    def _finish(self, error: ConnectionLostError | None) -> None:
+        if self.closed.is_set():
+            return
+        if error is not None:
+            self.error = error
+            self.log.info("connection.failed", error=str(error))
+        else:
+            self.log.info("connection.closed")
+        self.closed.set()
+        self.kick()  # the writer flushes what is left (a close reply) and ends
+        self._timer_kick.set()
+        for session in list(self.engine.sessions.values()):
+            for link in list(session.links.values()):
+                self._wake_link(link)
+
+    @staticmethod
+    def _wake_link(link: Link) -> None:
+        endpoint = link.user_data
+        if isinstance(endpoint, Sender | Receiver):
+            endpoint._wake_all()
+
+    # -- tasks -----------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        engine = self.engine
+        while not self.closed.is_set():
+            try:
+                data = await self.stream.receive_some(READ_SIZE)
+            except _NETWORK_ERRORS as exc:
+                self._dispatch(engine.connection_lost(), lost=f"read failed: {exc!r}")
+                return
+            if not data:
+                self._dispatch(engine.connection_lost(), lost="the peer closed the socket")
+                return
+            events = engine.receive_data(data)
+            while True:
+                self._dispatch(events)
+                if not engine.input_paused:
+                    break
+                events = engine.receive_data(b"")
+            self.kick()
+
+    async def _write_loop(self) -> None:
+        engine = self.engine
+        try:
+            async for _ in self._kick_recv:
+                data = engine.data_to_send()
+                if data:
+                    try:
+                        await self.stream.send_all(data)
+                    except _NETWORK_ERRORS as exc:
+                        self._dispatch(engine.connection_lost(), lost=f"write failed: {exc!r}")
+                        return
+                if engine.transport_done:
+                    break  # the engine said everything it will say: the socket can go
+            await trio.aclose_forcefully(self.stream)
+            self._finish(self.error)
+        finally:
+            self.flushed.set()
+
+    async def _timer_loop(self) -> None:
+        engine = self.engine
+        while not self.closed.is_set():
+            self._dispatch(engine.tick(trio.current_time()))
+            self.kick()
+            deadline = engine.next_deadline
+            self._timer_kick = trio.Event()
+            with trio.move_on_at(math.inf if deadline is None else deadline):
+                await self._timer_kick.wait()
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _dispatch(self, events: list[Event], lost: str | None = None) -> None:
+        for event in events:
+            handler = _HANDLERS.get(type(event))
+            if handler is not None:
+                handler(self, event)
+        if lost is not None:
+            self._finish(self.error or ConnectionLostError(lost))
+
+    def _on_sasl(self, event: SaslDone) -> None:
+        if event.outcome != 0:
+            self.error = AuthenticationError(
+                f"SASL {event.mechanism} refused (code {event.outcome})", "amqp:unauthorized-access"
+            )
+        else:
+            self.log.debug("sasl.done", mechanism=event.mechanism, identity=event.identity)
+
+    def _on_opened(self, _event: ConnectionOpened) -> None:
+        self.opened.set()
+        self._timer_kick.set()  # the peer's idle-time-out may add a heartbeat deadline
+        self.log.debug("connection.opened", remote=self.engine.remote_open)
+
+    def _on_closed(self, event: ConnectionClosed) -> None:
+        error = None
+        if event.error is not None:
+            error = ConnectionLostError.from_amqp(event.error, "the peer closed the connection")
+        self._finish(error)
+
+    def _on_violation(self, event: ProtocolViolation) -> None:
+        self.log.warning("protocol.violation", condition=event.condition, why=event.description)
+        self.error = ConnectionLostError(event.description, event.condition)
+
+    def _on_transport_failed(self, event: TransportFailed) -> None:
+        self._finish(self.error or ConnectionLostError(event.reason))
+
+    def _on_attach_requested(self, event: LinkAttachRequested) -> None:
+        link = event.link
+        self.log.debug("link.requested", name=link.name, role=link.role)
+        if self.on_attach is None:
+            self.refuse(
+                link,
+                Error(condition="amqp:not-allowed", description="this container accepts no links"),
+            )
+        else:
+            self.on_attach(self, link)
+        self.kick()
+
+    def _on_attached(self, event: LinkAttached) -> None:
+        endpoint = event.link.user_data
+        if isinstance(endpoint, Sender | Receiver):
+            endpoint.attached.set()
+
+    def _on_flow(self, event: LinkFlow) -> None:
+        endpoint = event.link.user_data
+        if isinstance(endpoint, Sender):
+            endpoint._on_flow()
+
+    def _on_message(self, event: MessageReceived) -> None:
+        endpoint = event.link.user_data
+        if isinstance(endpoint, Receiver):
+            endpoint._on_message(event.delivery, event.payload)
+
+    def _on_update(self, event: DeliveryUpdated) -> None:
+        endpoint = event.link.user_data
+        if isinstance(endpoint, Sender):
+            endpoint._on_update(event.delivery)
+
+    def _on_detached(self, event: LinkDetached) -> None:
+        endpoint = event.link.user_data
+        if isinstance(endpoint, Sender | Receiver):
+            endpoint.detached = LinkDetachedError.from_amqp(
+                event.error, f"link {event.link.name!r} detached"
+            )
+            endpoint.attached.set()
+            endpoint._wake_all()
+
+    def _on_session_ended(self, event: SessionEnded) -> None:
+        if event.session is self._session:
+            self._session = None
+
+    # -- links -----------------------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The connection's default session, begun on first use (pipelined, no wait)."""
+        if self._session is None:
+            self.raise_if_closed()
+            self._session = self.engine.begin()
+            self.kick()
+        return self._session
+
+    def link_name(self, prefix: str) -> str:
+        return f"{prefix}-{self.engine.config.container_id}-{next(self._names)}"
+
+    def open_sender(
+        self,
+        address: str | None,
+        *,
+        name: str | None = None,
+        source_address: str | None = None,
+        properties: dict[Any, Any] | None = None,
+        snd_settle_mode: int = SND_MIXED,
+        rcv_settle_mode: int = RCV_FIRST,
+        session: Session | None = None,
+    ) -> Sender:
+        """Attach a sending link to ``address``; frames go out at once, no waiting."""
+        link = self.engine.attach(
+            session or self.session,
+            name=name or self.link_name("sender"),
+            role=ROLE_SENDER,
+            source=Source(address=source_address),
+            target=Target(address=address),
+            snd_settle_mode=snd_settle_mode,
+            rcv_settle_mode=rcv_settle_mode,
+            properties=properties,
+        )
+        self.kick()
+        return Sender(self, link)
+
+    def open_receiver(
+        self,
+        address: str | None,
+        *,
+        credit: int = 100,
+        name: str | None = None,
+        target_address: str | None = None,
+        dynamic: bool = False,
+        properties: dict[Any, Any] | None = None,
+        rcv_settle_mode: int = RCV_FIRST,
+        session: Session | None = None,
+    ) -> Receiver:
+        """Attach a receiving link from ``address`` and grant it ``credit`` at once."""
+        link = self.engine.attach(
+            session or self.session,
+            name=name or self.link_name("receiver"),
+            role=ROLE_RECEIVER,
+            source=Source(address=address, dynamic=dynamic),
+            target=Target(address=target_address),
+            rcv_settle_mode=rcv_settle_mode,
+            properties=properties,
+        )
+        receiver = Receiver(self, link, credit)
+        receiver.grant()
+        return receiver
+
+    def accept_receiver(self, link: Link, *, credit: int = 100, **attach: Any) -> Receiver:
+        """Answer a peer's sending link: we receive on it, holding ``credit`` at most."""
+        self.engine.answer_attach(
+            link, source=link.remote_source, target=link.remote_target, **attach
+        )
+        receiver = Receiver(self, link, credit)
+        receiver.attached.set()
+        receiver.grant()
+        return receiver
+
+    def accept_sender(self, link: Link, **attach: Any) -> Sender:
+        """Answer a peer's receiving link: we send on it as its credit allows."""
+        self.engine.answer_attach(
+            link, source=link.remote_source, target=link.remote_target, **attach
+        )
+        self.kick()
+        sender = Sender(self, link)
+        sender.attached.set()
+        return sender
+
+    def refuse(self, link: Link, error: Error) -> None:
+        """Refuse a peer's link: null terminus, then a detach carrying ``error``."""
+        self.engine.refuse_attach(link, error)
+        self.kick()
+
+
+_HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
+    SaslDone: AmqpConnection._on_sasl,
+    ConnectionOpened: AmqpConnection._on_opened,
+    ConnectionClosed: AmqpConnection._on_closed,
+    ProtocolViolation: AmqpConnection._on_violation,
+    TransportFailed: AmqpConnection._on_transport_failed,
+    LinkAttachRequested: AmqpConnection._on_attach_requested,
+    LinkAttached: AmqpConnection._on_attached,
+    LinkFlow: AmqpConnection._on_flow,
+    MessageReceived: AmqpConnection._on_message,
+    DeliveryUpdated: AmqpConnection._on_update,
+    LinkDetached: AmqpConnection._on_detached,
+    SessionEnded: AmqpConnection._on_session_ended,
+}
+
+
+@asynccontextmanager
+async def open_connection(
+    stream: trio.abc.Stream,
+    config: ConnectionConfig,
+    *,
+    initiator: bool,
+    peer: str = "?",
+    on_attach: OnAttach | None = None,
+) -> AsyncIterator[AmqpConnection]:
+    """Run AMQP over any Trio stream; closes it (and the stream) when the block ends."""
+    conn = AmqpConnection(stream, config, initiator=initiator, peer=peer, on_attach=on_attach)
+    conn.log.info("connection.start", initiator=initiator)
+    with _body_errors_unwrapped() as body:
+        try:
+            async with trio.open_nursery() as nursery:
+                await conn._run(nursery)
+                if initiator:
+                    conn.engine.open()
+                    conn.kick()
+                try:
+                    async with body:
+                        yield conn
+                    await conn.close()
+                finally:
+                    if conn.closed.is_set():  # let the writer say its last words (bounded)
+                        with trio.move_on_after(1, shield=True):
+                            await conn.flushed.wait()
+                    nursery.cancel_scope.cancel()
+        finally:
+            conn._finish(conn.error)
+            await trio.aclose_forcefully(stream)
+
+
+class _BodyError:
+    """Remembers what the ``async with`` body raised, so it can be re-raised bare."""
+
+    error: BaseException | None = None
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, _type: Any, value: BaseException | None, _tb: Any) -> None:
+        self.error = value
+
+
+@contextmanager
+def _body_errors_unwrapped() -> Iterator[_BodyError]:
+    """Our background tasks never raise, so a nursery group holding only the body's own
+    exception is noise: the caller gets its exception as raised, as with a plain ``with``."""
+    body = _BodyError()
+    try:
+        yield body
+    except BaseExceptionGroup as group:
+        if body.error is not None and list(group.exceptions) == [body.error]:
+            raise body.error from None
+        raise
+
+
+def client_config(
+    url: AmqpUrl,
+    *,
+    container_id: str | None = None,
+    idle_timeout: float | None = 60.0,
+    sasl: bool | str = True,
+    **extra: Any,
+) -> ConnectionConfig:
+    """Our client's engine settings for ``url``.
+
+    ``sasl``: True picks PLAIN when the URL has a user, else ANONYMOUS; "EXTERNAL" lets the
+    TLS client certificate speak for us; False skips the SASL layer.
+    """
+    client: SaslClient | None = None
+    if sasl == EXTERNAL:
+        client = SaslClient.external()
+    elif url.username and sasl:
+        client = SaslClient.plain(url.username, url.password or "")
+    elif sasl:
+        client = SaslClient.anonymous()
+    if client is not None:
+        client.hostname = url.host
+    return ConnectionConfig(
+        container_id=container_id or f"pairlink-{uuid.uuid4()}",
+        hostname=url.host,
+        idle_timeout=idle_timeout,
+        sasl=client,
+        **extra,
+    )
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    ssl_context: ssl.SSLContext | None = None,
+    on_attach: OnAttach | None = None,
+    connect_timeout: float = 30.0,
+    **config: Any,
+) -> AsyncIterator[AmqpConnection]:
+    """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
+    user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it."""
+    parsed = AmqpUrl.parse(url)
+    with trio.fail_after(connect_timeout):
+        stream: trio.abc.Stream = await trio.open_tcp_stream(parsed.host, parsed.port)
+    if parsed.tls:
+        context = ssl_context or ssl.create_default_context()
+        stream = trio.SSLStream(stream, context, server_hostname=parsed.host)
+        with trio.fail_after(connect_timeout):
+            await stream.do_handshake()
+    peer = f"{parsed.host}:{parsed.port}"
+    async with open_connection(
+        stream, client_config(parsed, **config), initiator=True, peer=peer, on_attach=on_attach
+    ) as conn:
+        yield conn
+
+
+@attrs.define
+class Listener:
+    """A running listener: where it listens, and its connections."""
+
+    url: str
+    port: int
+    connections: set[AmqpConnection] = attrs.field(factory=set)
+
+
+@asynccontextmanager
+async def listen(
+    url: str,
+    *,
+    on_attach: OnAttach | None = None,
+    handler: Callable[[AmqpConnection], Awaitable[None]] | None = None,
+    users: dict[str, str] | None = None,
+    allow_anonymous: bool | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    container_id: str | None = None,
+    idle_timeout: float | None = 60.0,
+    offered_capabilities: Sequence[str] = (),
+    **config: Any,
+) -> AsyncIterator[Listener]:
+    """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one).
+
+    ``users`` enables SASL PLAIN against that table (ANONYMOUS then only if
+    ``allow_anonymous``); ``on_attach`` answers the links peers open; ``handler`` runs for
+    each connection's lifetime. Leaving the block closes every connection.
+    """
+    parsed = AmqpUrl.parse(url)
+    if parsed.tls and ssl_context is None:
+        raise ValueError("amqps:// needs an ssl_context with the server certificate")
+    anonymous = users is None if allow_anonymous is None else allow_anonymous
+    sasl = SaslServer.with_users(users or {}, allow_anonymous=anonymous)
+    listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
+    port = listeners[0].socket.getsockname()[1]
+    scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
+    listener = Listener(scheme_url, port)
+    name = container_id or f"pairlink-{uuid.uuid4()}"
+
+    async def serve_one(stream: trio.abc.Stream, peer: str) -> None:
+        external: str | None = None
+        try:
+            if ssl_context is not None:
+                tls = trio.SSLStream(stream, ssl_context, server_side=True)
+                with trio.fail_after(HANDSHAKE_TIMEOUT):
+                    await tls.do_handshake()
+                external = _certificate_identity(tls.getpeercert())
+                stream = tls
+            cfg = ConnectionConfig(
+                container_id=name,
+                idle_timeout=idle_timeout,
+                offered_capabilities=offered_capabilities,
+                sasl=attrs.evolve(sasl, external_identity=external),
+                **config,
+            )
+            async with open_connection(
+                stream, cfg, initiator=False, peer=peer, on_attach=on_attach
+            ) as conn:
+                listener.connections.add(conn)
+                try:
+                    if handler is not None:
+                        await handler(conn)
+                    await conn.closed.wait()
+                finally:
+                    listener.connections.discard(conn)
+        except (trio.BrokenResourceError, ssl.SSLError, trio.TooSlowError) as exc:
+            log.info("connection.dropped", peer=peer, error=repr(exc))
+
+    async def accept(stream: trio.SocketStream) -> None:
+        host, port_, *_ = stream.socket.getpeername()
+        await serve_one(stream, f"{host}:{port_}")
+
+    log.info("listener.start", url=scheme_url)
+    with _body_errors_unwrapped() as body:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, accept, listeners)
+            try:
+                async with body:
+                    yield listener
+            finally:
+                for conn in list(listener.connections):
+                    with trio.move_on_after(2):
+                        await conn.close()
+                nursery.cancel_scope.cancel()
+
+
+def _certificate_identity(cert: Any) -> str | None:
+    """The SASL EXTERNAL identity of a verified client certificate: its commonName, else its
+    first subjectAltName."""
+    cert = cert or {}
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    for _kind, value in cert.get("subjectAltName", ()):
+        return str(value)
+    return None

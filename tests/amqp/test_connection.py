@@ -1,0 +1,606 @@
+"""The connection engine, sans-IO: bytes in, events and frames out (h11-style tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from framework.amqp import errors
+from framework.amqp.connection import Connection, ConnectionConfig
+from framework.amqp.errors import LocalProtocolError
+from framework.amqp.events import (
+    ConnectionClosed,
+    ConnectionOpened,
+    DeliveryUpdated,
+    Event,
+    LinkAttached,
+    LinkAttachRequested,
+    LinkDetached,
+    LinkFlow,
+    MessageReceived,
+    ProtocolViolation,
+    SaslDone,
+    SessionBegun,
+    SessionEnded,
+    TransportFailed,
+)
+from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER, FrameReader, encode_frame
+from framework.amqp.link import Link
+from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
+from framework.amqp.performatives import (
+    RCV_SECOND,
+    ROLE_RECEIVER,
+    ROLE_SENDER,
+    SND_SETTLED,
+    Attach,
+    Begin,
+    Close,
+    Detach,
+    Flow,
+    Open,
+    Transfer,
+)
+from framework.amqp.sasl import SaslClient, SaslServer
+from framework.testing import engine_pair, pump, sasl_engine_pair
+
+
+def of(events: list[Event], kind: type) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def frames(data: bytes, headers: int = 0) -> list[Any]:
+    """Performatives in ``data`` (after ``headers`` protocol headers); None for heartbeats."""
+    reader = FrameReader()
+    reader.feed(data)
+    for _ in range(headers):
+        assert reader.read_protocol_header() is not None
+    out = []
+    while (frame := reader.read_frame()) is not None:
+        out.append(frame.performative)
+    assert reader.buffered == 0
+    return out
+
+
+def opened_pair(**server_cfg: Any) -> tuple[Connection, Connection]:
+    client, server = engine_pair(
+        ConnectionConfig("client"), ConnectionConfig("server", **server_cfg)
+    )
+    client.open()
+    server.open()
+    pump(client, server)
+    return client, server
+
+
+def linked(
+    client: Connection, server: Connection, *, credit: int = 10, **attach: Any
+) -> tuple[Link, Link]:
+    """A client sender attached to a server receiver holding ``credit``."""
+    session = client.begin()
+    sender = client.attach(
+        session,
+        name="l1",
+        role=ROLE_SENDER,
+        source=Source(address="a"),
+        target=Target(address="q"),
+        **attach,
+    )
+    _, ev = pump(client, server)
+    (req,) = of(ev, LinkAttachRequested)
+    receiver = req.link
+    server.answer_attach(receiver, source=receiver.remote_source, target=receiver.remote_target)
+    server.flow(receiver, credit)
+    pump(client, server)
+    assert sender.link_credit == credit
+    return sender, receiver
+
+
+def server_frames_after(server: Connection, inject: bytes) -> tuple[list[Event], list[Any]]:
+    events = server.receive_data(inject)
+    return events, frames(server.data_to_send())
+
+
+def violation(events: list[Event], out: list[Any]) -> str:
+    """The condition of the close the engine answered with (and checks it is one)."""
+    (pv,) = of(events, ProtocolViolation)
+    closes = [f for f in out if isinstance(f, Close)]
+    assert closes and closes[-1].error is not None
+    assert closes[-1].error.condition == pv.condition
+    return str(pv.condition)
+
+
+def raw(channel: int, performative: Any, payload: bytes = b"") -> bytes:
+    out = bytearray()
+    encode_frame(out, channel, performative, payload)
+    return bytes(out)
+
+
+# -- the happy paths -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_pipelined_open_begin_attach_flow_transfer_one_burst(chunk: int | None) -> None:
+    client, server = engine_pair()
+    client.open()
+    session = client.begin()
+    receiver = client.attach(
+        session,
+        name="pair",
+        role=ROLE_RECEIVER,
+        source=Source(address="svc"),
+        target=Target(address="me"),
+    )
+    client.flow(receiver, 5)
+    sender = client.attach(
+        session,
+        name="pair",
+        role=ROLE_SENDER,
+        source=Source(address="me"),
+        target=Target(address="svc"),
+    )
+    client.send(sender, Message(body="hi").encode(), presume_credit=True)
+    burst = client.data_to_send()
+    assert burst.startswith(AMQP_HEADER)
+    kinds = [type(f) for f in frames(burst, headers=1)]
+    assert kinds == [Open, Begin, Attach, Flow, Attach, Transfer]
+
+    # the server answers each attach as it is read, granting credit before the transfer
+    events: list[Event] = []
+    step = chunk or len(burst)
+    for i in range(0, len(burst), step):
+        new = server.receive_data(burst[i : i + step])
+        while True:
+            events += new
+            for req in of(new, LinkAttachRequested):
+                link = req.link
+                server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+                if link.is_receiver:
+                    server.flow(link, 1)
+            if not server.input_paused:
+                break
+            new = server.receive_data(b"")
+    assert [type(e) for e in events] == [
+        ConnectionOpened,
+        SessionBegun,
+        LinkAttachRequested,
+        LinkFlow,
+        LinkAttachRequested,
+        MessageReceived,
+    ]
+    (msg,) = of(events, MessageReceived)
+    assert Message.decode(msg.payload).body == "hi"
+    reply = server.data_to_send()
+    assert [type(f) for f in frames(reply, headers=1)] == [Open, Begin, Attach, Attach, Flow]
+    ev_c = client.receive_data(reply)
+    assert len(of(ev_c, LinkAttached)) == 2
+    assert sender.link_credit == 0  # the one credit granted was used by the pipelined transfer
+
+
+def test_large_message_is_split_by_peer_max_frame_size_and_reassembled() -> None:
+    client, server = opened_pair(max_frame_size=512)
+    sender, _receiver = linked(client, server)
+    payload = Message(body=b"x" * 100_000, body_kind="data").encode()
+    client.send(sender, payload)
+    data = client.data_to_send()
+    transfers = frames(data)
+    assert len(transfers) > 100
+    assert all(t.more for t in transfers[:-1]) and not transfers[-1].more
+    assert transfers[0].delivery_id == 0 and transfers[1].delivery_id is None
+    events = server.receive_data(data)
+    (msg,) = of(events, MessageReceived)
+    assert msg.payload == payload
+
+
+def test_dispositions_coalesce_into_ranges_and_reach_the_sender() -> None:
+    client, server = opened_pair()
+    sender, _receiver = linked(client, server, credit=10)
+    deliveries = [client.send(sender, b"\x00Sw\xa1\x01x") for _ in range(6)]
+    _, ev = pump(client, server)
+    received = [m.delivery for m in of(ev, MessageReceived)]
+    for d in received[:4]:
+        server.settle(d, Accepted())
+    server.settle(received[4], Rejected(error=Error(condition=errors.INVALID_FIELD)))
+    server.settle(received[5], Accepted())
+    out = frames(server.data_to_send())
+    assert [(f.first, f.last, type(f.state)) for f in out] == [
+        (0, 3, Accepted),
+        (4, None, Rejected),
+        (5, None, Accepted),
+    ]
+    events: list[Event] = []
+    for f in out:
+        events += client.receive_data(raw(0, f))
+    updated = [e.delivery for e in of(events, DeliveryUpdated)]
+    assert updated == deliveries
+    assert all(d.remote_settled for d in deliveries)
+    assert isinstance(deliveries[4].remote_state, Rejected)
+
+
+def test_presettled_sends_need_no_disposition() -> None:
+    client, server = opened_pair()
+    sender, _ = linked(client, server, snd_settle_mode=SND_SETTLED)
+    client.send(sender, b"\x00Sw\x40")
+    (t,) = frames(client.data_to_send())
+    assert t.settled is True
+    assert not sender.session.unsettled_out
+
+
+def test_rcv_settle_mode_second_settles_after_the_sender() -> None:
+    client, server = opened_pair()
+    sender, receiver = linked(client, server, rcv_settle_mode=RCV_SECOND)
+    assert receiver.rcv_settle_mode == RCV_SECOND
+    delivery = client.send(sender, b"\x00Sw\x40")
+    _, ev = pump(client, server)
+    (msg,) = of(ev, MessageReceived)
+    server.settle(msg.delivery, Accepted(), settled=False)  # first: the outcome, unsettled
+    ev_c, _ = pump(client, server)
+    (upd,) = of(ev_c, DeliveryUpdated)
+    assert isinstance(upd.delivery.remote_state, Accepted) and not upd.delivery.remote_settled
+    client.settle(delivery, Accepted())  # the sender settles ...
+    _, ev_s = pump(client, server)
+    (upd_s,) = of(ev_s, DeliveryUpdated)  # ... and the receiver learns it
+    assert upd_s.delivery is msg.delivery and upd_s.delivery.remote_settled
+
+
+def test_send_without_credit_is_refused_locally() -> None:
+    client, server = opened_pair()
+    sender, _ = linked(client, server, credit=1)
+    client.send(sender, b"\x00Sw\x40")
+    with pytest.raises(LocalProtocolError) as exc:
+        client.send(sender, b"\x00Sw\x40")
+    assert exc.value.condition == errors.TRANSFER_LIMIT_EXCEEDED
+
+
+def test_drain_uses_up_credit_and_echo_is_answered() -> None:
+    client, server = opened_pair()
+    sender, receiver = linked(client, server, credit=7)
+    server.flow(receiver, 7, drain=True)
+    ev_c, _ = pump(client, server)
+    assert of(ev_c, LinkFlow) and sender.drain
+    client.complete_drain(sender)
+    _, ev_s = pump(client, server)
+    assert of(ev_s, LinkFlow)
+    assert receiver.link_credit == 0 and receiver.delivery_count == 7
+    server.flow(receiver, 3, echo=True)
+    data = server.data_to_send()
+    client.receive_data(data)
+    (echo,) = frames(client.data_to_send())
+    assert isinstance(echo, Flow) and echo.handle == sender.handle and echo.link_credit == 3
+
+
+def test_detach_closed_and_not_closed_and_end_and_close() -> None:
+    client, server = opened_pair()
+    sender, _receiver = linked(client, server)
+    client.detach(sender, closed=False)
+    ev_c, ev_s = pump(client, server)
+    (d_s,) = of(ev_s, LinkDetached)
+    assert d_s.by_peer and d_s.closed is False
+    (d_c,) = of(ev_c, LinkDetached)
+    assert not d_c.by_peer
+    client.end(sender.session, Error(condition=errors.INTERNAL_ERROR, description="bye"))
+    ev_c, ev_s = pump(client, server)
+    (end_s,) = of(ev_s, SessionEnded)
+    assert end_s.error.condition == errors.INTERNAL_ERROR and end_s.by_peer
+    assert of(ev_c, SessionEnded)
+    server.close(Error(condition=errors.CONNECTION_FORCED, description="maintenance"))
+    ev_c, ev_s = pump(client, server)
+    (closed,) = of(ev_c, ConnectionClosed)
+    assert closed.by_peer and closed.error.condition == errors.CONNECTION_FORCED
+    assert of(ev_s, ConnectionClosed) and client.transport_done and server.transport_done
+
+
+def test_refused_pipelined_attach_reports_null_terminus_then_detach() -> None:
+    client, server = opened_pair()
+    session = client.begin()
+    sender = client.attach(
+        session,
+        name="x",
+        role=ROLE_SENDER,
+        source=Source(address="a"),
+        target=Target(address="nowhere"),
+    )
+    client.send(sender, b"\x00Sw\x40", presume_credit=True)
+    (req,) = of(server.receive_data(client.data_to_send()), LinkAttachRequested)
+    server.refuse_attach(req.link, Error(condition=errors.NOT_FOUND, description="no node"))
+    assert server.receive_data(b"") == []  # the pipelined transfer is dropped quietly
+    data = server.data_to_send()
+    out = frames(data)
+    assert [type(f) for f in out] == [Begin, Attach, Detach]
+    assert out[1].target is None and out[2].closed and out[2].error.condition == errors.NOT_FOUND
+    begun, attached, detached = client.receive_data(data)
+    assert isinstance(begun, SessionBegun)
+    assert isinstance(attached, LinkAttached) and attached.link.remote_target is None
+    assert isinstance(detached, LinkDetached) and detached.error is not None
+    assert detached.error.condition == errors.NOT_FOUND
+
+
+# -- SASL ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_sasl_plain_then_pipelined_open(chunk: int | None) -> None:
+    client, server = sasl_engine_pair(
+        SaslClient.plain("alice", "s3cret"), SaslServer.with_users({"alice": "s3cret"})
+    )
+    client.open()
+    first = client.data_to_send()
+    assert first == SASL_HEADER  # the open waits for the SASL outcome
+    server.open()
+    ev_s = server.receive_data(first)
+    ev_c, ev_s2 = pump(client, server, chunk=chunk)
+    ev_s += ev_s2
+    (done_c,) = of(ev_c, SaslDone)
+    (done_s,) = of(ev_s, SaslDone)
+    assert done_c.outcome == 0 and done_s.identity == "alice" and done_s.mechanism == "PLAIN"
+    assert of(ev_c, ConnectionOpened) and of(ev_s, ConnectionOpened)
+    assert server.sasl_identity == "alice"
+
+
+def test_sasl_wrong_password_gets_auth_outcome_and_hangs_up() -> None:
+    client, server = sasl_engine_pair(
+        SaslClient.plain("alice", "wrong"), SaslServer.with_users({"alice": "s3cret"})
+    )
+    client.open()
+    ev_c, ev_s = pump(client, server)
+    assert of(ev_c, SaslDone)[0].outcome == 1 and of(ev_s, SaslDone)[0].outcome == 1
+    assert not of(ev_c, ConnectionOpened)
+    assert client.transport_done and server.transport_done
+
+
+def test_sasl_anonymous() -> None:
+    client, server = sasl_engine_pair(SaslClient.anonymous(), SaslServer())
+    client.open()
+    server.open()
+    ev_c, ev_s = pump(client, server)
+    assert of(ev_c, ConnectionOpened) and of(ev_s, SaslDone)[0].mechanism == "ANONYMOUS"
+
+
+def test_sasl_mechanism_not_offered_fails_the_transport() -> None:
+    client, server = sasl_engine_pair(SaslClient.plain("a", "b"), SaslServer())
+    client.open()
+    ev_c, _ = pump(client, server)
+    assert of(ev_c, TransportFailed) and client.transport_done
+
+
+# -- protocol headers ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"AMQP\x01\x01\x00\x00",
+        b"AMQP\x00\x02\x00\x00",
+        b"HTTP/1.1",
+        SASL_HEADER,
+        b"AMQP\x02\x01\x00\x00",
+    ],
+)
+def test_unsupported_header_is_answered_with_ours_then_hangup(header: bytes) -> None:
+    _, server = engine_pair()
+    events = server.receive_data(header)
+    assert server.data_to_send() == AMQP_HEADER
+    assert of(events, TransportFailed) and server.transport_done
+
+
+def test_sasl_server_answers_plain_amqp_header_with_sasl_header() -> None:
+    server = Connection(ConnectionConfig("s", sasl=SaslServer()), initiator=False)
+    server.receive_data(AMQP_HEADER)
+    assert server.data_to_send() == SASL_HEADER and server.transport_done
+
+
+# -- idle timeout ----------------------------------------------------------------------------
+
+
+def test_heartbeats_are_sent_at_half_the_peer_idle_timeout() -> None:
+    client, server = engine_pair(ConnectionConfig("c"), ConnectionConfig("s", idle_timeout=10.0))
+    client.open()
+    server.open()
+    pump(client, server)
+    client.tick(100.0)
+    assert client.data_to_send() == b""
+    assert client.next_deadline == 105.0
+    client.tick(105.0)
+    assert client.data_to_send() == HEARTBEAT
+    before = server.receive_data(HEARTBEAT)
+    assert before == []
+
+
+def test_silent_peer_is_declared_dead_after_the_idle_timeout() -> None:
+    client, server = engine_pair(ConnectionConfig("c", idle_timeout=2.0), ConnectionConfig("s"))
+    client.open()
+    server.open()
+    pump(client, server)
+    assert client.tick(50.0) == []
+    assert client.next_deadline == 52.0
+    events = client.tick(52.0)
+    assert of(events, TransportFailed)
+    (close,) = frames(client.data_to_send())
+    assert close.error.condition == errors.RESOURCE_LIMIT_EXCEEDED
+    assert client.transport_done
+
+
+def test_connection_lost_is_a_failure_unless_closed_cleanly() -> None:
+    client, server = opened_pair()
+    assert of(client.connection_lost(), TransportFailed)
+    client, server = opened_pair()
+    client.close()
+    pump(client, server)
+    assert client.connection_lost() == []
+
+
+# -- each error condition --------------------------------------------------------------------
+
+
+def test_decode_error_for_a_body_that_is_not_amqp() -> None:
+    _, server = opened_pair()
+    bad = b"\x00\x00\x00\x0c\x02\x00\x00\x00\xff\xff\xff\xff"
+    events, out = server_frames_after(server, bad)
+    assert violation(events, out) == errors.DECODE_ERROR
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"\x00\x00\x00\x04\x02\x00\x00\x00",  # size below 8
+        b"\x00\x00\x00\x10\x01\x00\x00\x00",  # doff below 2
+        b"\x00\x10\x00\x00\x02\x00\x00\x00",  # larger than our max-frame-size
+        b"\x00\x00\x00\x08\x02\x07\x00\x00",  # unknown frame type
+    ],
+)
+def test_framing_error(header: bytes) -> None:
+    _, server = opened_pair()
+    events, out = server_frames_after(server, header)
+    assert violation(events, out) == errors.FRAMING_ERROR
+
+
+def test_invalid_field_for_a_missing_mandatory_field() -> None:
+    _, server = opened_pair()
+    # begin with only remote-channel: next-outgoing-id etc. are mandatory
+    events, out = server_frames_after(server, bytes.fromhex("0000000f02000000005311c0020140"))
+    assert violation(events, out) == errors.INVALID_FIELD
+
+
+def test_illegal_state_for_a_frame_before_open() -> None:
+    _, server = engine_pair()
+    server.receive_data(AMQP_HEADER)
+    events = server.receive_data(
+        raw(0, Begin(next_outgoing_id=0, incoming_window=1, outgoing_window=1))
+    )
+    out = frames(server.data_to_send(), headers=1)
+    assert violation(events, out) == errors.ILLEGAL_STATE
+
+
+def test_not_allowed_for_a_frame_on_a_channel_without_session() -> None:
+    _, server = opened_pair()
+    events, out = server_frames_after(
+        server, raw(3, Flow(incoming_window=1, next_outgoing_id=0, outgoing_window=1))
+    )
+    assert violation(events, out) == errors.NOT_ALLOWED
+
+
+def _begun(server: Connection) -> None:
+    server.receive_data(raw(0, Begin(next_outgoing_id=0, incoming_window=2, outgoing_window=9)))
+    server.data_to_send()
+
+
+def _attach_sender(server: Connection, handle: int = 0, name: str = "l") -> Link:
+    events = server.receive_data(
+        raw(
+            0,
+            Attach(
+                name=name,
+                handle=handle,
+                role=ROLE_SENDER,
+                source=Source(address="a"),
+                target=Target(address="b"),
+                initial_delivery_count=0,
+            ),
+        )
+    )
+    (req,) = of(events, LinkAttachRequested)
+    return req.link  # type: ignore[no-any-return]
+
+
+def test_unattached_handle() -> None:
+    _, server = opened_pair()
+    _begun(server)
+    events, out = server_frames_after(
+        server,
+        raw(
+            0,
+            Flow(incoming_window=1, next_outgoing_id=0, outgoing_window=1, handle=9, link_credit=1),
+        ),
+    )
+    assert violation(events, out) == errors.UNATTACHED_HANDLE
+
+
+def test_handle_in_use() -> None:
+    _, server = opened_pair()
+    _begun(server)
+    _attach_sender(server, handle=0, name="one")
+    events, out = server_frames_after(
+        server, raw(0, Attach(name="two", handle=0, role=ROLE_SENDER, initial_delivery_count=0))
+    )
+    assert violation(events, out) == errors.HANDLE_IN_USE
+
+
+def _transfer(delivery_id: int) -> bytes:
+    return raw(
+        0,
+        Transfer(
+            handle=0, delivery_id=delivery_id, delivery_tag=b"t%d" % delivery_id, settled=True
+        ),
+        b"\x00Sw\x40",
+    )
+
+
+def test_window_violation() -> None:
+    _, server = opened_pair(session_window=2)
+    _begun(server)
+    link = _attach_sender(server)
+    server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+    server.flow(link, 100)  # our flow says: 2 more transfer frames, no more
+    server.data_to_send()
+    events, out = server_frames_after(server, _transfer(0) + _transfer(1) + _transfer(2))
+    assert len(of(events, MessageReceived)) == 2
+    assert violation(events, out) == errors.WINDOW_VIOLATION
+
+
+def test_window_is_refilled_once_half_used() -> None:
+    _, server = opened_pair(session_window=4)
+    _begun(server)
+    link = _attach_sender(server)
+    server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+    server.flow(link, 100)
+    server.data_to_send()
+    server.receive_data(_transfer(0))
+    assert server.data_to_send() == b""
+    server.receive_data(_transfer(1))
+    (refill,) = frames(server.data_to_send())
+    assert refill.handle is None and refill.incoming_window == 4 and refill.next_incoming_id == 2
+
+
+def test_transfer_limit_exceeded_detaches_the_link() -> None:
+    _, server = opened_pair()
+    _begun(server)
+    link = _attach_sender(server)
+    server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+    server.data_to_send()
+    events = server.receive_data(_transfer(0))  # no credit was granted
+    assert not of(events, MessageReceived)
+    (detach,) = [f for f in frames(server.data_to_send()) if isinstance(f, Detach)]
+    assert detach.closed and detach.error is not None
+    assert detach.error.condition == errors.TRANSFER_LIMIT_EXCEEDED
+    # frames still in flight for the detached link are dropped, not errors
+    assert server.receive_data(_transfer(1)) == []
+    events = server.receive_data(raw(0, Detach(handle=0, closed=True)))
+    assert of(events, LinkDetached)[0].error.condition == errors.TRANSFER_LIMIT_EXCEEDED
+
+
+def test_message_size_exceeded_detaches_the_link() -> None:
+    client, server = opened_pair(max_message_size=1000)
+    sender, receiver = linked(client, server)
+    assert receiver.max_message_size == 1000
+    assert sender.remote_attach is not None
+    sender.remote_attach.max_message_size = None  # a sender that ignores the advertised limit
+    client.send(sender, b"\x00Su\xb0\x00\x00\x07\xd0" + b"x" * 2000)
+    _, ev = pump(client, server)
+    assert not of(ev, MessageReceived)
+    (detached,) = of(ev, LinkDetached)
+    assert detached.error.condition == errors.MESSAGE_SIZE_EXCEEDED
+
+
+def test_sender_refuses_locally_a_message_over_the_peer_limit() -> None:
+    client, server = opened_pair(max_message_size=1000)
+    sender, _ = linked(client, server)
+    with pytest.raises(LocalProtocolError) as exc:
+        client.send(sender, b"x" * 2000)
+    assert exc.value.condition == errors.MESSAGE_SIZE_EXCEEDED
+
+
+def test_input_after_a_violation_is_ignored() -> None:
+    _, server = opened_pair()
+    server.receive_data(b"\x00\x00\x00\x04\x02\x00\x00\x00")
+    server.data_to_send()
+    assert server.receive_data(raw(0, Open(container_id="again"))) == []
+    assert server.data_to_send() == b""
