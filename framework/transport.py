@@ -257,6 +257,8 @@ class AmqpConnection:
         self.opened = trio.Event()
         self.closed = trio.Event()
         self.flushed = trio.Event()  # the writer is done: last bytes sent, socket closed
+        self._eof = trio.Event()  # the reader saw the peer's EOF (or a dead socket)
+        self._close_answered = False  # the peer answered our close: it has nothing to read
         self.error: ConnectionLostError | None = None
         self._kick_send, self._kick_recv = trio.open_memory_channel[None](1)
         self._timer_kick = trio.Event()
@@ -333,28 +335,41 @@ class AmqpConnection:
     # -- tasks -----------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
+        """Read until the peer's EOF, even after the engine is done: draining what the peer
+        still sends lets our close end in a FIN, not a reset that could destroy our last
+        frames (a SASL outcome, a close) before the peer reads them."""
         engine = self.engine
-        while not self.closed.is_set():
-            try:
-                data = await self.stream.receive_some(READ_SIZE)
-            except _NETWORK_ERRORS as exc:
-                self._dispatch(engine.connection_lost(), lost=f"read failed: {exc!r}")
-                return
-            if not data:
-                self._dispatch(engine.connection_lost(), lost="the peer closed the socket")
-                return
-            events = engine.receive_data(data)
+        try:
             while True:
-                self._dispatch(events)
-                if not engine.input_paused:
-                    break
-                events = engine.receive_data(b"")
-            self.kick()
+                try:
+                    data = await self.stream.receive_some(READ_SIZE)
+                except _NETWORK_ERRORS as exc:
+                    self._dispatch(engine.connection_lost(), lost=f"read failed: {exc!r}")
+                    return
+                if not data:
+                    self._dispatch(engine.connection_lost(), lost="the peer closed the socket")
+                    return
+                self._feed(data)
+        finally:
+            self._eof.set()
+
+    def _feed(self, data: bytes | bytearray) -> None:
+        engine = self.engine
+        events = engine.receive_data(data)
+        while True:
+            self._dispatch(events)
+            if not engine.input_paused:
+                break
+            events = engine.receive_data(b"")
+        self.kick()
 
     async def _write_loop(self) -> None:
         engine = self.engine
         try:
             async for _ in self._kick_recv:
+                # transport_done is read before the send: bytes queued while a send was in
+                # progress (a SASL outcome, a close reply) still go out on the next round
+                done = engine.transport_done
                 data = engine.data_to_send()
                 if data:
                     try:
@@ -362,12 +377,23 @@ class AmqpConnection:
                     except _NETWORK_ERRORS as exc:
                         self._dispatch(engine.connection_lost(), lost=f"write failed: {exc!r}")
                         return
-                if engine.transport_done:
+                if done:
                     break  # the engine said everything it will say: the socket can go
-            await trio.aclose_forcefully(self.stream)
+            await self._hang_up()
             self._finish(self.error)
         finally:
             self.flushed.set()
+
+    async def _hang_up(self) -> None:
+        """Close the socket. When the peer still has to read our last words (our answer to
+        its close, a SASL refusal, a close for its error), give it a moment (bounded) to close
+        its end first: closing with its bytes unread would reset the connection, and a reset
+        can destroy our last frames before the peer reads them. When it answered our close,
+        it has nothing left to read: close at once."""
+        if not self._close_answered:
+            with trio.move_on_after(1):
+                await self._eof.wait()
+        await trio.aclose_forcefully(self.stream)
 
     async def _timer_loop(self) -> None:
         engine = self.engine
@@ -403,6 +429,7 @@ class AmqpConnection:
         self.log.debug("connection.opened", remote=self.engine.remote_open)
 
     def _on_closed(self, event: ConnectionClosed) -> None:
+        self._close_answered = not event.by_peer
         error = None
         if event.error is not None:
             error = ConnectionLostError.from_amqp(event.error, "the peer closed the connection")

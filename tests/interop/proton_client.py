@@ -236,7 +236,12 @@ class ProtonClient(MessagingHandler):
             self._finish(condition_text(event.link))
 
     def on_disconnected(self, event: Any) -> None:
-        if self._settled < len(self.messages) or len(self.result.received) < self.expect:
+        # Proton may report the disconnect before the transport error that caused it: the
+        # transport's condition (a SASL refusal, say) is the real reason, so it wins.
+        cond = event.transport.condition if event.transport is not None else None
+        if cond:
+            self._finish(f"{cond.name}: {cond.description}")
+        elif self._settled < len(self.messages) or len(self.result.received) < self.expect:
             self._finish("disconnected")
 
 
