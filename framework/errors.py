@@ -37,3 +37,15 @@ class AuthenticationError(ConnectionLostError):
 
 class LinkDetachedError(PairlinkError):
     """The link was detached (the peer refused it or closed it), possibly with an error."""
+
+
+class RemoteError(PairlinkError):
+    """A call failed on the service's side: ``status`` is the reply's status-code (400, 404,
+    408, 500, 503), ``type`` the exception type the handler raised (if one did)."""
+
+    def __init__(self, status: int, message: str, type: str | None = None) -> None:
+        label = f"{type}: {message}" if type else message
+        super().__init__(f"[{status}] {label}")
+        self.status = status
+        self.type = type
+        self.message = message

@@ -1,0 +1,142 @@
+"""Message bodies by content type: how call arguments and results become bytes and back.
+
+A request's body may come from our client (the pairlink envelope: positional and keyword
+arguments apart), from any msgpack or JSON speaker, as raw bytes, or as an AMQP value (what a
+Proton client sends). The reply answers in the request's own encoding, so every caller can read
+it. The msgpack codec is the default: compact, fast, and it keeps bytes apart from strings.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+import msgpack
+
+from framework.amqp.messaging import Message, Properties
+from framework.amqp.types import Symbol
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+OCTETS = "application/octet-stream"
+ENVELOPE = "application/x-pairlink-call+msgpack"
+"""Our client's request body: msgpack ``[args, kwargs]``, unambiguous whatever the arguments."""
+
+
+class Encoding(enum.Enum):
+    ENVELOPE = ENVELOPE
+    MSGPACK = MSGPACK
+    JSON = JSON
+    RAW = OCTETS
+    AMQP_VALUE = "amqp-value"
+
+
+class PayloadError(ValueError):
+    """A body that cannot be decoded as its content type says (a 400 for the caller)."""
+
+
+def _msgpack_dumps(value: Any) -> bytes:
+    try:
+        return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PayloadError(f"cannot encode {type(value).__name__} as msgpack: {exc}") from exc
+
+
+def _msgpack_loads(data: bytes) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        raise PayloadError(f"body is not msgpack: {exc}") from exc
+
+
+def encoding_of(message: Message) -> Encoding:
+    """Which encoding a message's body is in, from its body kind and content-type."""
+    if message.body_kind == "value":
+        return Encoding.AMQP_VALUE
+    content_type = message.properties.content_type if message.properties else None
+    if content_type is None:
+        return Encoding.RAW if message.body_kind == "data" else Encoding.AMQP_VALUE
+    for encoding in Encoding:
+        if encoding.value == content_type:
+            return encoding
+    if str(content_type).startswith("application/json") or str(content_type).endswith("+json"):
+        return Encoding.JSON
+    return Encoding.RAW
+
+
+def _data_bytes(message: Message) -> bytes:
+    body = message.body
+    if message.body_kind == "data":
+        return b"".join(body) if isinstance(body, list) else bytes(body)
+    raise PayloadError(f"expected a data body, got {message.body_kind}")
+
+
+def decode_value(message: Message) -> tuple[Any, Encoding]:
+    """The value a message's body carries, and the encoding it came in."""
+    encoding = encoding_of(message)
+    if encoding is Encoding.AMQP_VALUE:
+        if message.body_kind == "sequence":
+            return [item for section in message.body for item in section], encoding
+        return message.body, encoding
+    data = _data_bytes(message)
+    if encoding in (Encoding.MSGPACK, Encoding.ENVELOPE):
+        return _msgpack_loads(data), encoding
+    if encoding is Encoding.JSON:
+        try:
+            return json.loads(data), encoding
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise PayloadError(f"body is not JSON: {exc}") from exc
+    return data, encoding
+
+
+def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str, Any]]:
+    """Call arguments from a request value: a list is positional arguments, a map keyword
+    arguments, anything else one positional argument; our envelope says both apart."""
+    if encoding is Encoding.ENVELOPE:
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not isinstance(value[0], list)
+            or not isinstance(value[1], dict)
+        ):
+            raise PayloadError("a pairlink envelope is [args, kwargs]")
+        args, kwargs = value
+    elif isinstance(value, list):
+        args, kwargs = value, {}
+    elif isinstance(value, dict):
+        args, kwargs = [], value
+    elif encoding is Encoding.AMQP_VALUE and value is None:
+        args, kwargs = [], {}
+    else:
+        args, kwargs = [value], {}
+    if not all(isinstance(k, str) for k in kwargs):
+        raise PayloadError("keyword argument names must be strings")
+    return list(args), {str(k): v for k, v in kwargs.items()}
+
+
+def set_body(message: Message, value: Any, encoding: Encoding) -> None:
+    """Put ``value`` in ``message`` in ``encoding``, with the matching content-type."""
+    if encoding is Encoding.AMQP_VALUE:
+        message.body, message.body_kind = value, "value"
+        return
+    if encoding is Encoding.JSON:
+        try:
+            data = json.dumps(value, separators=(",", ":")).encode()
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(f"cannot encode {type(value).__name__} as JSON: {exc}") from exc
+    elif encoding is Encoding.RAW:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise PayloadError(f"a raw body must be bytes, not {type(value).__name__}")
+        data = bytes(value)
+    else:
+        data = _msgpack_dumps(value)
+    message.body, message.body_kind = data, "data"
+    if message.properties is None:
+        message.properties = Properties()
+    message.properties.content_type = Symbol(encoding.value)
+
+
+def reply_encoding(request_encoding: Encoding) -> Encoding:
+    """Replies use the request's encoding; an envelope request gets a plain msgpack value."""
+    return Encoding.MSGPACK if request_encoding is Encoding.ENVELOPE else request_encoding

@@ -1,0 +1,186 @@
+"""The wire conventions of a call (DESIGN.md "Wire conventions"), as pure functions.
+
+A request carries its operation in ``application-properties["operation"]`` (the AMQP management
+convention; ``subject`` is accepted too), a unique ``message-id``, ``reply-to`` (``$me`` on a
+paired link) and its deadline as ``header.ttl`` plus ``properties.absolute-expiry-time``. A
+reply carries ``correlation-id`` = the request's message-id and an HTTP-like
+``status-code``/``status-description``. Clock values come in as arguments, so both sides and
+the tests share one definition without a clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import attrs
+
+from framework.amqp.messaging import Header, Message, Properties
+from framework.errors import RemoteError
+from framework.payload import (
+    Encoding,
+    PayloadError,
+    decode_value,
+    reply_encoding,
+    set_body,
+    split_arguments,
+)
+
+ME = "$me"
+OPERATION = "operation"
+STATUS_CODE = "status-code"
+STATUS_DESCRIPTION = "status-description"
+ERROR_TYPE = "error-type"
+
+OK = 200
+BAD_REQUEST = 400
+NOT_FOUND = 404
+TIMEOUT = 408
+INTERNAL_ERROR = 500
+UNAVAILABLE = 503
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+class CallError(Exception):
+    """Raised on the service side to answer a request with ``status`` instead of a value."""
+
+    def __init__(self, status: int, description: str, error_type: str | None = None) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.error_type = error_type
+
+
+@attrs.define
+class Request:
+    """A decoded request, ready to dispatch."""
+
+    operation: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    message_id: Any
+    reply_to: str | None
+    encoding: Encoding
+    deadline: float | None  # wall-clock seconds since the epoch, None: no deadline
+    message: Message
+
+    def remaining(self, now: float) -> float | None:
+        return None if self.deadline is None else self.deadline - now
+
+
+def request_message(
+    operation: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any],
+    *,
+    message_id: Any,
+    now: float,
+    timeout: float | None = None,
+    reply_to: str | None = ME,
+    encoding: Encoding = Encoding.ENVELOPE,
+) -> Message:
+    """A request for ``operation``; ``timeout`` seconds from ``now`` become its deadline."""
+    properties = Properties(message_id=message_id, reply_to=reply_to)
+    header = None
+    if timeout is not None:
+        header = Header(ttl=max(1, int(timeout * 1000)))
+        properties.absolute_expiry_time = _EPOCH + datetime.timedelta(seconds=now + timeout)
+    message = Message(
+        header=header,
+        properties=properties,
+        application_properties={OPERATION: operation},
+    )
+    value: Any
+    if encoding is Encoding.ENVELOPE:
+        value = [list(args), kwargs]
+    elif kwargs and args:
+        raise PayloadError(f"{encoding.name} carries positional or keyword arguments, not both")
+    elif kwargs:
+        value = kwargs
+    else:
+        value = list(args)
+    set_body(message, value, encoding)
+    return message
+
+
+def parse_request(message: Message, *, now: float) -> Request:
+    """Decode a request; a malformed one raises ``CallError(400)``."""
+    props = message.properties or Properties()
+    app = message.application_properties or {}
+    operation = app.get(OPERATION, props.subject)
+    if not isinstance(operation, str) or not operation:
+        raise CallError(BAD_REQUEST, "the request names no operation")
+    try:
+        value, encoding = decode_value(message)
+        args, kwargs = split_arguments(value, encoding)
+    except PayloadError as exc:
+        raise CallError(BAD_REQUEST, str(exc)) from None
+    deadline = None
+    if props.absolute_expiry_time is not None:
+        deadline = (props.absolute_expiry_time - _EPOCH).total_seconds()
+    elif message.header is not None and message.header.ttl is not None:
+        deadline = now + message.header.ttl / 1000
+    reply_to = props.reply_to
+    return Request(
+        operation,
+        args,
+        kwargs,
+        props.message_id,
+        None if reply_to is None else str(reply_to),
+        encoding,
+        deadline,
+        message,
+    )
+
+
+def _reply(request: Request, to: str | None, status: int, description: str) -> Message:
+    return Message(
+        properties=Properties(correlation_id=request.message_id, to=to),
+        application_properties={STATUS_CODE: status, STATUS_DESCRIPTION: description},
+    )
+
+
+def reply_message(request: Request, value: Any, *, to: str | None) -> Message:
+    """The successful reply (200) to ``request``, in the request's encoding."""
+    message = _reply(request, to, OK, "OK")
+    set_body(message, value, reply_encoding(request.encoding))
+    return message
+
+
+def error_message(
+    request: Request,
+    status: int,
+    description: str,
+    *,
+    to: str | None,
+    error_type: str | None = None,
+) -> Message:
+    """A failure reply: the status and description, and the exception type if one was raised."""
+    message = _reply(request, to, status, description)
+    if error_type is not None:
+        assert message.application_properties is not None
+        message.application_properties[ERROR_TYPE] = error_type
+    message.body, message.body_kind = None, "value"
+    return message
+
+
+def parse_reply(message: Message) -> Any:
+    """The value a reply carries; a failure reply raises ``RemoteError``."""
+    app = message.application_properties or {}
+    status = app.get(STATUS_CODE, OK)
+    if not isinstance(status, int):
+        raise RemoteError(BAD_REQUEST, f"reply status-code {status!r} is not an int")
+    if status != OK:
+        description = app.get(STATUS_DESCRIPTION)
+        error_type = app.get(ERROR_TYPE)
+        raise RemoteError(
+            status,
+            str(description) if description is not None else "",
+            None if error_type is None else str(error_type),
+        )
+    try:
+        value, _ = decode_value(message)
+    except PayloadError as exc:
+        raise RemoteError(BAD_REQUEST, f"undecodable reply: {exc}") from None
+    return value

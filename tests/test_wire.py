@@ -1,0 +1,176 @@
+"""The wire conventions of a call: request and reply messages, bodies, deadlines, statuses."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+import msgpack
+import proton
+import pytest
+
+from framework.amqp.messaging import Header, Message, Properties
+from framework.errors import RemoteError
+from framework.payload import Encoding, PayloadError, decode_value, set_body, split_arguments
+from framework.wire import (
+    BAD_REQUEST,
+    ERROR_TYPE,
+    INTERNAL_ERROR,
+    ME,
+    OPERATION,
+    STATUS_CODE,
+    CallError,
+    error_message,
+    parse_reply,
+    parse_request,
+    reply_message,
+    request_message,
+)
+
+NOW = 1_800_000_000.0
+
+
+def roundtrip(message: Message) -> Message:
+    return Message.decode(message.encode())
+
+
+def test_request_carries_operation_id_reply_to_and_both_deadline_forms() -> None:
+    msg = roundtrip(request_message("add", (1, 2), {"c": 3}, message_id=7, now=NOW, timeout=2.5))
+    assert msg.application_properties == {OPERATION: "add"}
+    assert msg.properties is not None
+    assert msg.properties.message_id == 7 and msg.properties.reply_to == ME
+    assert msg.properties.content_type == Encoding.ENVELOPE.value
+    assert msg.header is not None and msg.header.ttl == 2500
+    expiry = msg.properties.absolute_expiry_time
+    assert expiry == datetime.datetime.fromtimestamp(NOW + 2.5, datetime.UTC)
+    request = parse_request(msg, now=NOW + 100)  # the absolute time wins over ttl
+    assert (request.operation, request.args, request.kwargs) == ("add", [1, 2], {"c": 3})
+    assert request.deadline == pytest.approx(NOW + 2.5)
+    assert request.remaining(NOW + 1) == pytest.approx(1.5)
+
+
+def test_ttl_alone_counts_from_arrival() -> None:
+    msg = Message(
+        header=Header(ttl=1500),
+        properties=Properties(message_id="x"),
+        application_properties={OPERATION: "op"},
+        body=[1],
+    )
+    assert parse_request(roundtrip(msg), now=NOW).deadline == pytest.approx(NOW + 1.5)
+
+
+def test_subject_names_the_operation_when_application_properties_do_not() -> None:
+    msg = Message(properties=Properties(message_id=1, subject="ping"), body=None)
+    request = parse_request(roundtrip(msg), now=NOW)
+    assert request.operation == "ping" and request.args == [] and request.kwargs == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "args", "kwargs"),
+    [([1, "a"], [1, "a"], {}), ({"x": 1}, [], {"x": 1}), ("one", ["one"], {}), (None, [], {})],
+)
+def test_amqp_value_bodies_as_a_proton_client_sends_them(
+    value: Any, args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    pm = proton.Message(body=value, id="p1", reply_to=ME, properties={OPERATION: "op"})
+    request = parse_request(Message.decode(pm.encode()), now=NOW)
+    assert (request.args, request.kwargs, request.encoding) == (args, kwargs, Encoding.AMQP_VALUE)
+    reply = roundtrip(reply_message(request, {"ok": True}, to=ME))
+    assert reply.body_kind == "value" and reply.body == {"ok": True}
+    back = proton.Message()
+    back.decode(reply.encode())
+    assert back.correlation_id == "p1" and back.address == ME
+    assert back.properties is not None and back.properties[STATUS_CODE] == 200
+    assert back.body == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    ("content_type", "data", "args", "kwargs"),
+    [
+        ("application/json", json.dumps([1, 2]).encode(), [1, 2], {}),
+        ("application/json", json.dumps({"a": 1}).encode(), [], {"a": 1}),
+        ("application/msgpack", msgpack.packb(["x"]), ["x"], {}),
+        ("application/octet-stream", b"\x00raw", [b"\x00raw"], {}),
+        (None, b"raw", [b"raw"], {}),
+    ],
+)
+def test_data_bodies_by_content_type(
+    content_type: str | None, data: bytes, args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    msg = Message(
+        properties=Properties(message_id=1, content_type=content_type),
+        application_properties={OPERATION: "op"},
+        body=data,
+        body_kind="data",
+    )
+    request = parse_request(roundtrip(msg), now=NOW)
+    assert (request.args, request.kwargs) == (args, kwargs)
+    reply = roundtrip(reply_message(request, args[0] if args else kwargs, to=None))
+    assert parse_reply(reply) == (args[0] if args else kwargs)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "data"),
+    [
+        ("application/json", b"{nope"),
+        ("application/msgpack", b"\xc1"),
+        ("application/x-pairlink-call+msgpack", msgpack.packb([1, 2, 3])),
+        ("application/x-pairlink-call+msgpack", msgpack.packb([[], {1: 2}])),
+    ],
+)
+def test_undecodable_bodies_are_a_400(content_type: str, data: bytes) -> None:
+    msg = Message(
+        properties=Properties(message_id=1, content_type=content_type),
+        application_properties={OPERATION: "op"},
+        body=data,
+        body_kind="data",
+    )
+    with pytest.raises(CallError) as exc:
+        parse_request(roundtrip(msg), now=NOW)
+    assert exc.value.status == BAD_REQUEST
+
+
+def test_a_request_without_operation_is_a_400() -> None:
+    with pytest.raises(CallError) as exc:
+        parse_request(Message(properties=Properties(message_id=1), body=[]), now=NOW)
+    assert exc.value.status == BAD_REQUEST
+
+
+def test_error_reply_raises_remote_error_with_type_status_and_message() -> None:
+    request = parse_request(
+        roundtrip(request_message("op", (), {}, message_id=5, now=NOW)), now=NOW
+    )
+    reply = roundtrip(
+        error_message(request, INTERNAL_ERROR, "boom", to=ME, error_type="ValueError")
+    )
+    assert reply.properties is not None and reply.properties.correlation_id == 5
+    assert reply.application_properties is not None
+    assert reply.application_properties[ERROR_TYPE] == "ValueError"
+    with pytest.raises(RemoteError) as exc:
+        parse_reply(reply)
+    assert (exc.value.status, exc.value.type, exc.value.message) == (500, "ValueError", "boom")
+
+
+def test_envelope_request_gets_a_plain_msgpack_reply() -> None:
+    request = parse_request(
+        roundtrip(request_message("op", (b"\x00", "s"), {}, message_id=1, now=NOW)), now=NOW
+    )
+    assert request.args == [b"\x00", "s"]  # bytes and str stay apart
+    reply = roundtrip(reply_message(request, [b"\x01", "t"], to=ME))
+    assert reply.properties is not None and reply.properties.content_type == "application/msgpack"
+    assert parse_reply(reply) == [b"\x01", "t"]
+
+
+def test_encodings_that_cannot_carry_both_kinds_of_arguments_say_so() -> None:
+    with pytest.raises(PayloadError):
+        request_message("op", (1,), {"a": 2}, message_id=1, now=NOW, encoding=Encoding.JSON)
+    with pytest.raises(PayloadError):
+        set_body(Message(), "not bytes", Encoding.RAW)
+    with pytest.raises(PayloadError):
+        split_arguments({1: "x"}, Encoding.MSGPACK)
+
+
+def test_decode_value_of_a_multi_section_sequence_body() -> None:
+    msg = Message(body=[[1, 2], [3]], body_kind="sequence")
+    assert decode_value(roundtrip(msg)) == ([1, 2, 3], Encoding.AMQP_VALUE)
