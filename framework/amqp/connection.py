@@ -675,7 +675,9 @@ class Connection:
         if by_peer:
             self.end(session)
         session.state = SessionState.ENDED
-        session.forget_all_links()
+        # links die with their session (§2.6.1): report each, so nothing waits on them
+        for link in session.forget_all_links():
+            events.append(LinkDetached(link, True, perf.error, by_peer))
         self._dirty_sessions.discard(session)
         del self._remote_sessions[channel]
         self.sessions.pop(session.channel, None)

@@ -289,6 +289,17 @@ def test_detach_closed_and_not_closed_and_end_and_close() -> None:
     assert of(ev_s, ConnectionClosed) and client.transport_done and server.transport_done
 
 
+def test_ending_a_session_detaches_its_links() -> None:
+    client, server = opened_pair()
+    sender, receiver = linked(client, server)
+    server.end(receiver.session, Error(condition=errors.RESOURCE_DELETED, description="gone"))
+    ev_c, _ = pump(client, server)
+    (detached,) = of(ev_c, LinkDetached)
+    assert detached.link is sender and detached.closed and detached.by_peer
+    assert detached.error is not None and detached.error.condition == errors.RESOURCE_DELETED
+    assert [type(e) for e in ev_c] == [LinkDetached, SessionEnded]
+
+
 def test_refused_pipelined_attach_reports_null_terminus_then_detach() -> None:
     client, server = opened_pair()
     session = client.begin()
