@@ -8,8 +8,6 @@ in ``absolute-expiry-time``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 
 _current: ContextVar[float | None] = ContextVar("pairlink_deadline", default=None)
@@ -36,11 +34,17 @@ def effective_timeout(timeout: float | None, now: float | None = None) -> float 
     return left if timeout is None else min(timeout, left)
 
 
-@contextmanager
-def serving(deadline: float | None) -> Iterator[None]:
-    """Run a handler under ``deadline`` (restored afterwards)."""
-    token = _current.set(deadline)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+class serving:  # lower case: used like the function it replaced, `with serving(deadline):`
+    """Run a handler under ``deadline`` (restored afterwards). A class, not a generator-based
+    context manager: it is entered once per call served, and this costs less than half as much."""
+
+    __slots__ = ("_deadline", "_token")
+
+    def __init__(self, deadline: float | None) -> None:
+        self._deadline = deadline
+
+    def __enter__(self) -> None:
+        self._token = _current.set(self._deadline)
+
+    def __exit__(self, *_exc: object) -> None:
+        _current.reset(self._token)

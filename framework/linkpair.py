@@ -1,8 +1,9 @@
 """OASIS Link Pairing v1.0 (``LINK-PAIRING-RULES.md``, LP-1..LP-12) as pure functions.
 
 Both ends of a pair use these: the client to decide whether it may pair (LP-2) and to check the
-answer it got (LP-5), the service to judge each attach it receives (LP-4..LP-7). Nothing here
-touches a connection: callers pass in what the attach frames said and act on the verdict.
+answer it got (LP-5), the service to judge each attach it receives (LP-4..LP-7,
+``judge_attach``). Nothing here touches a connection: callers pass in what the attach frames
+said and act on the verdict.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import attrs
+
+from framework.amqp.errors import NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
 from framework.amqp.types import Symbol
 
 LINK_PAIR_V1_0 = Symbol("LINK_PAIR_V1_0")
@@ -46,3 +50,62 @@ def mirrors(
     """LP-3/LP-7: two opposite links' addresses mirror each other (source of one is the
     target of the other, both ways)."""
     return source == other_target and target == other_source
+
+
+# -- the responder's side: judging an attach the peer sent (LP-4..LP-7) --------------------
+
+
+@attrs.frozen
+class PairHalf:
+    """What one attach frame says that the pairing rules look at: the ``paired`` property
+    (LP-4, already reduced to a bool by ``is_paired``) and the terminus addresses."""
+
+    paired: bool
+    source: str | None
+    target: str | None
+
+
+@attrs.frozen
+class Refusal:
+    """How to turn an attach down: the error condition, and whether our answering attach
+    carries a null local terminus (the link was never created: unknown address, LP-6) or
+    mirrors the peer's (created, then detached at once: LP-5, LP-7)."""
+
+    condition: str
+    description: str
+    null_terminus: bool
+
+
+def judge_attach(
+    half: PairHalf, *, known: bool, pairs: bool, opposite: PairHalf | None
+) -> Refusal | None:
+    """A responder's verdict on an incoming attach; None accepts it.
+
+    ``known``: the address names a node here; ``pairs``: that node supports pairing;
+    ``opposite``: the peer's link of the same name in the other direction on this
+    connection, if one exists. The checks run in this order: an unknown node is not found
+    whatever the attach says; LP-6 for a paired attach to a node that does not pair; then
+    LP-5 (the two halves disagree about ``paired``) and LP-7 (paired halves whose addresses
+    do not mirror each other).
+    """
+    if not known:
+        return Refusal(NOT_FOUND, "no such node here", null_terminus=True)
+    if half.paired and not pairs:
+        return Refusal(NOT_IMPLEMENTED, "this address does not support link pairing", True)
+    if opposite is None:
+        return None
+    if half.paired != opposite.paired:
+        # LP-5, read for the responder: a pair is two links known by one name, so a half
+        # whose `paired` differs from its partner's breaks the pair's precondition
+        return Refusal(
+            PRECONDITION_FAILED,
+            "the two links of this name disagree about the paired property",
+            null_terminus=False,
+        )
+    if half.paired and not mirrors(half.source, half.target, opposite.source, opposite.target):
+        return Refusal(
+            PRECONDITION_FAILED,
+            "the paired link of this name has other terminus addresses",
+            null_terminus=False,
+        )
+    return None

@@ -32,6 +32,10 @@ class Encoding(enum.Enum):
     AMQP_VALUE = "amqp-value"
 
 
+_BY_CONTENT_TYPE = {e.value: e for e in Encoding}
+"""One dict lookup per message; iterating the Enum instead showed up in the server's profile."""
+
+
 class PayloadError(ValueError):
     """A body that cannot be decoded as its content type says (a 400 for the caller)."""
 
@@ -57,9 +61,9 @@ def encoding_of(message: Message) -> Encoding:
     content_type = message.properties.content_type if message.properties else None
     if content_type is None:
         return Encoding.RAW if message.body_kind == "data" else Encoding.AMQP_VALUE
-    for encoding in Encoding:
-        if encoding.value == content_type:
-            return encoding
+    encoding = _BY_CONTENT_TYPE.get(content_type)
+    if encoding is not None:
+        return encoding
     if str(content_type).startswith("application/json") or str(content_type).endswith("+json"):
         return Encoding.JSON
     return Encoding.RAW

@@ -1,0 +1,428 @@
+"""Services: ``@service`` classes whose ``@handler`` methods answer calls over AMQP 1.0.
+
+```python
+@service("calc")
+class Calculator:
+    @handler
+    async def add(self, a: int, b: int) -> int:
+        return a + b
+
+await serve(Calculator, listen="amqp://127.0.0.1:5672")
+```
+
+The decorators only *check and record*: the class stays an ordinary class (callable and
+testable without any network), and every mistake that can be seen in a signature is a
+``TypeError`` naming the function at import time, not a 500 at the first call.
+
+Three kinds of handler, chosen by how the function is written:
+
+* ``async def``: awaited in the actor's worker task, cancelled if the call's deadline passes
+  while it runs (the caller has given up; the reply says 408);
+* plain ``def``: run inline, in the task that read the request when it can start at once,
+  else in the actor's worker task. Fine for quick computations (and the cheapest kind: no task
+  switch); it holds the whole event loop while it runs, so anything slow belongs in the next;
+* ``@handler(blocking=True)`` on a plain ``def``: run in a worker thread
+  (``trio.to_thread.run_sync``), so it may block on files, locks or C code. A thread cannot be
+  interrupted: neither a deadline nor a shutdown's grace period stops it early.
+
+Each served instance is an actor (:mod:`framework.actor`): ``max_concurrency`` calls run at once
+(default 1, so handler state needs no locks) and at most ``mailbox`` calls are held: callers
+get link credit only from its free slots. A handler may raise ``framework.wire.CallError`` to
+answer with a status of its own choosing; any other exception is a 500 carrying its type and
+message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import ssl
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Literal, TypeVar, cast, overload
+
+import attrs
+import trio
+
+from framework.container import Server, current_server
+from framework.wire import ME
+
+DEFAULT_URL = "amqp://127.0.0.1:5672"
+DEFAULT_MAILBOX = 128
+"""Calls a service holds (queued + running + replies waiting for the caller's credit) unless
+told otherwise; also what one busy caller can have in flight without waiting for credit."""
+
+_HANDLER = "__pairlink_handler__"
+_SERVICE = "__pairlink_service__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+Mode = Literal["async", "sync", "blocking"]
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@attrs.frozen
+class _Mark:
+    """What ``@handler`` records on a function, until ``@service`` collects it."""
+
+    name: str | None
+    blocking: bool
+
+
+@attrs.frozen
+class Operation:
+    """One operation of a service: its name on the wire and the function that answers it.
+
+    ``check_arguments`` rejects a call whose arguments do not fit the signature *before* the
+    handler runs, so that a wrong call is a 400 for the caller, never a ``TypeError`` (500)
+    raised somewhere inside the handler.
+    """
+
+    name: str
+    function: Callable[..., Any]
+    mode: Mode
+    signature: inspect.Signature  # without ``self``
+    min_positional: int
+    max_positional: int | None  # None: takes *args
+    simple: bool  # no keyword-only parameter without a default: positional counts suffice
+
+    @classmethod
+    def of(cls, name: str, function: Callable[..., Any], mode: Mode) -> Operation:
+        params = list(inspect.signature(function).parameters.values())[1:]
+        positional = [p for p in params if p.kind in _POSITIONAL]
+        required = [p for p in positional if p.default is p.empty]
+        varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+        required_keywords = any(p.kind is p.KEYWORD_ONLY and p.default is p.empty for p in params)
+        return cls(
+            name,
+            function,
+            mode,
+            inspect.Signature(params),
+            len(required),
+            None if varargs else len(positional),
+            not required_keywords,
+        )
+
+    def check_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Raise ``TypeError`` (saying why) unless ``args``/``kwargs`` bind to the handler."""
+        if not kwargs and self.simple:  # the common case, without building a BoundArguments
+            n = len(args)
+            most = self.max_positional
+            if n >= self.min_positional and (most is None or n <= most):
+                return
+        self.signature.bind(*args, **kwargs)
+
+
+@attrs.frozen
+class ServiceSpec:
+    """Everything ``@service`` learnt about a class; the server reads only this."""
+
+    address: str
+    max_concurrency: int
+    mailbox: int
+    pairing: bool
+    operations: Mapping[str, Operation]
+    cls: type
+
+
+@attrs.frozen
+class Hosted:
+    """A service instance as served: the instance and its (possibly overridden) spec."""
+
+    instance: object
+    spec: ServiceSpec
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+
+# -- @handler ----------------------------------------------------------------------------------
+
+
+@overload
+def handler(function: F, /) -> F: ...
+@overload
+def handler(name: str | None = None, /, *, blocking: bool = False) -> Callable[[F], F]: ...
+
+
+def handler(target: Any = None, /, *, blocking: bool = False) -> Any:
+    """Mark a method as an operation: ``@handler``, ``@handler("name")``,
+    ``@handler(blocking=True)`` (a sync function run in a worker thread)."""
+    if callable(target) or isinstance(target, staticmethod | classmethod):
+        return _mark(target, None, blocking)
+    if target is not None and not isinstance(target, str):
+        raise TypeError(f"@handler takes an operation name (str), not {target!r}")
+    if target is not None and not target:
+        raise ValueError("@handler: the operation name must not be empty")
+
+    def decorate(function: F) -> F:
+        return cast(F, _mark(function, target, blocking))
+
+    return decorate
+
+
+def _mark(function: Any, name: str | None, blocking: bool) -> Any:
+    if isinstance(function, staticmethod | classmethod):
+        kind = type(function).__name__
+        raise TypeError(
+            f"@handler cannot serve the {kind} {function.__func__.__qualname__}: "
+            "handlers are plain methods taking self"
+        )
+    if not inspect.isfunction(function):
+        raise TypeError(f"@handler expects a function, got {function!r}")
+    where = function.__qualname__
+    parts = where.split(".")
+    if len(parts) < 2 or parts[-2] == "<locals>":
+        raise TypeError(
+            f"@handler {where}: a handler must be a method defined in a class body "
+            "(and the class decorated with @service)"
+        )
+    params = list(inspect.signature(function).parameters.values())
+    if not params or params[0].kind not in _POSITIONAL:
+        raise TypeError(f"handler {where} must take self as its first positional parameter")
+    if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):
+        raise TypeError(f"handler {where} is a generator: a call has exactly one reply")
+    if blocking and inspect.iscoroutinefunction(function):
+        raise TypeError(
+            f"handler {where} is async: blocking=True is for sync functions, run in a thread"
+        )
+    setattr(function, _HANDLER, _Mark(name, blocking))
+    return function
+
+
+# -- @service ----------------------------------------------------------------------------------
+
+
+def service(
+    address: str,
+    *,
+    max_concurrency: int = 1,
+    mailbox: int | None = None,
+    pairing: bool = True,
+) -> Callable[[type[Any]], type[Any]]:
+    """Serve the decorated class at ``address``.
+
+    ``max_concurrency``: calls run at once (1: handlers never overlap, state needs no locks).
+    ``mailbox``: calls held at most, which bounds the link credit callers get (default
+    ``max(DEFAULT_MAILBOX, 2 * max_concurrency)``). ``pairing=False``: serve only classic
+    request-response callers; a paired attach is refused with ``amqp:not-implemented`` (LP-6).
+    """
+    if not isinstance(address, str):
+        raise TypeError(f'@service needs the address first: @service("name"), got {address!r}')
+    _check_limits(address, max_concurrency, mailbox)
+
+    def decorate(cls: type[Any]) -> type[Any]:
+        if not inspect.isclass(cls):
+            raise TypeError(f"@service({address!r}) decorates a class, not {cls!r}")
+        spec = ServiceSpec(
+            address,
+            max_concurrency,
+            _mailbox(mailbox, max_concurrency),
+            pairing,
+            _collect_operations(cls),
+            cls,
+        )
+        for hook in ("on_start", "on_stop"):
+            _check_hook(cls, hook)
+        setattr(cls, _SERVICE, spec)
+        return cls
+
+    return decorate
+
+
+def _check_limits(address: str, max_concurrency: int, mailbox: int | None) -> None:
+    if not address or address == ME:
+        raise ValueError(f"@service: {address!r} cannot be a service address")
+    if not isinstance(max_concurrency, int) or max_concurrency < 1:
+        raise ValueError(f"@service({address!r}): max_concurrency must be an int >= 1")
+    if mailbox is not None and (not isinstance(mailbox, int) or mailbox < max_concurrency):
+        raise ValueError(
+            f"@service({address!r}): mailbox must be an int >= max_concurrency "
+            f"({max_concurrency}), or the extra concurrency could never be used"
+        )
+
+
+def _mailbox(mailbox: int | None, max_concurrency: int) -> int:
+    return max(DEFAULT_MAILBOX, 2 * max_concurrency) if mailbox is None else mailbox
+
+
+def _collect_operations(cls: type[Any]) -> dict[str, Operation]:
+    """The marked methods of ``cls`` and its bases (a subclass's definition of a name wins,
+    marked or not), by operation name; two functions claiming one name is an error."""
+    functions: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            if isinstance(value, staticmethod | classmethod) and hasattr(value.__func__, _HANDLER):
+                _mark(value, None, False)  # raises the TypeError that names it
+            functions[attr] = value
+    operations: dict[str, Operation] = {}
+    for attr, function in functions.items():
+        mark = getattr(function, _HANDLER, None) if inspect.isfunction(function) else None
+        if not isinstance(mark, _Mark):
+            continue
+        name = mark.name or attr
+        if name in operations:
+            raise TypeError(
+                f"@service {cls.__qualname__}: operation {name!r} is defined twice, by "
+                f"{operations[name].function.__qualname__} and {function.__qualname__}"
+            )
+        if mark.blocking:
+            mode: Mode = "blocking"
+        elif inspect.iscoroutinefunction(function):
+            mode = "async"
+        else:
+            mode = "sync"
+        operations[name] = Operation.of(name, function, mode)
+    if not operations:
+        raise TypeError(f"@service {cls.__qualname__} has no @handler methods")
+    return operations
+
+
+def _check_hook(cls: type[Any], name: str) -> None:
+    hook = getattr(cls, name, None)
+    if hook is None:
+        return
+    where = f"{cls.__qualname__}.{name}"
+    if not inspect.iscoroutinefunction(hook):
+        raise TypeError(f"{where} must be an async def method (the server awaits it)")
+    try:
+        inspect.signature(hook).bind(None)
+    except TypeError:
+        raise TypeError(f"{where} must take no arguments besides self") from None
+
+
+def spec_of(obj: object) -> ServiceSpec:
+    """The spec of a ``@service`` class or instance; ``TypeError`` for anything else."""
+    cls = obj if inspect.isclass(obj) else type(obj)
+    spec = getattr(cls, _SERVICE, None)
+    if not isinstance(spec, ServiceSpec):
+        raise TypeError(f"{cls.__qualname__} is not a @service class")
+    return spec
+
+
+def hosted(
+    service: object,
+    *,
+    address: str | None = None,
+    max_concurrency: int | None = None,
+    mailbox: int | None = None,
+) -> Hosted:
+    """A ``@service`` class or instance, to serve with some settings overridden (the CLI's
+    ``--address``, or two instances of one class at two addresses). A class is instantiated
+    without arguments; pass an instance to give it some."""
+    spec = spec_of(service)
+    if address is not None or max_concurrency is not None or mailbox is not None:
+        address = spec.address if address is None else address
+        concurrency = spec.max_concurrency if max_concurrency is None else max_concurrency
+        if mailbox is None and max_concurrency is not None:
+            mailbox = max(spec.mailbox, _mailbox(None, concurrency))
+        _check_limits(address, concurrency, mailbox)
+        spec = attrs.evolve(
+            spec,
+            address=address,
+            max_concurrency=concurrency,
+            mailbox=spec.mailbox if mailbox is None else mailbox,
+        )
+    instance = service
+    if inspect.isclass(service):
+        try:
+            instance = service()
+        except TypeError as exc:
+            raise TypeError(
+                f"cannot create {service.__qualname__}() without arguments ({exc}): "
+                "pass an instance to serve() instead"
+            ) from exc
+    return Hosted(instance, spec)
+
+
+# -- serving -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def open_server(
+    *services: object,
+    listen: str = DEFAULT_URL,
+    users: dict[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    grace: float = 10.0,
+    container_id: str | None = None,
+    call_url: str | None = None,
+    **options: Any,
+) -> AsyncIterator[Server]:
+    """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
+    duration of the block; ``server.url`` says where (``listen`` may use port 0).
+
+    Leaving the block, even by cancellation, shuts down gracefully: credit stops, calls
+    already held are finished and answered (for ``grace`` seconds at most; after that they
+    are cancelled and answered 503), links are detached, connections closed, then each
+    service's ``on_stop`` runs. ``users`` turns on SASL PLAIN; ``ssl_context`` serves
+    ``amqps://``; ``call_url`` is where :func:`remote` connects (default: this server);
+    ``options`` go to :func:`framework.transport.listen` (``idle_timeout``...).
+    """
+    served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
+    server = Server(
+        served,
+        url=listen,
+        users=users,
+        ssl_context=ssl_context,
+        grace=grace,
+        container_id=container_id,
+        call_url=call_url,
+        listen_options=options,
+    )
+    with _lone_errors_unwrapped():
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            try:
+                yield server
+            finally:
+                server.stop()  # the server task is shielded: the nursery waits for its shutdown
+
+
+@contextmanager
+def _lone_errors_unwrapped() -> Iterator[None]:
+    """Nurseries wrap even a single exception in an ExceptionGroup (several levels deep
+    here); what failed (an ``on_start``, the body of the ``async with``) is raised as itself.
+    Several exceptions at once stay a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if error is group:
+            raise
+        raise error from None
+
+
+async def serve(
+    *services: object,
+    listen: str = DEFAULT_URL,
+    users: dict[str, str] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
+) -> None:
+    """Serve until cancelled, then shut down gracefully (see :func:`open_server`, which takes
+    the same arguments). ``await nursery.start(serve, ...)`` returns the running server."""
+    async with open_server(
+        *services, listen=listen, users=users, ssl_context=ssl_context, **options
+    ) as server:
+        task_status.started(server)
+        await trio.sleep_forever()
+
+
+async def remote(address: str) -> Any:
+    """A proxy for the service at ``address``, for a handler (or ``on_start``/``on_stop``)
+    calling another service: ``calc = await remote("calc"); await calc.add(1, 2)``.
+
+    Calls go over one client connection the server keeps (to itself unless ``call_url`` says
+    otherwise) and inherit what is left of the calling request's deadline. Before the server
+    listens and once it stops (``on_start``, ``on_stop``) only services elsewhere can be
+    reached, through ``call_url``. A service that calls *itself* with ``max_concurrency=1``
+    waits for its own free slot: a deadlock that only the deadline ends.
+    """
+    server = current_server.get(None)
+    if server is None:
+        raise RuntimeError("remote() works inside a served handler, on_start or on_stop")
+    return await server.remote(address)
