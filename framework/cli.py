@@ -1,14 +1,35 @@
-"""The ``pairlink`` command line.
+"""The ``pairlink`` command line (also ``python -m framework``).
 
-The ``serve``, ``call`` and ``gateway`` subcommands arrive with the service, client and gateway
-layers; until then the command knows its version and its help.
+``pairlink call URL ADDRESS OPERATION [JSON_ARGS...]`` calls a service once and prints the
+reply as JSON; ``pairlink serve MODULE[:Class] ... --listen URL`` serves the ``@service``
+classes of those modules until Ctrl-C (or SIGTERM), then shuts them down gracefully.
+
+Logs are structlog lines on stderr, so that stdout carries nothing but the reply of ``call``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import functools
+import importlib
+import inspect
+import json
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
+from typing import Any
+
+import structlog
+import trio
+
+from framework.errors import PairlinkError, RemoteError
+
+log = structlog.get_logger("pairlink.cli")
+
+EXIT_FAILED = 1
+"""The call failed (an error reply, a timeout, no connection) or the server could not start."""
 
 
 def _version() -> str:
@@ -19,18 +40,188 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _json_argument(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not JSON (a string needs its quotes: '\"hi\"')"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pairlink",
         description="Request-response services over AMQP 1.0 paired links.",
     )
     parser.add_argument("--version", action="version", version=f"pairlink {_version()}")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log lines on stderr from this level on (default: info for serve, warning for call)",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    call = commands.add_parser(
+        "call",
+        help="call one operation of a service and print the reply as JSON",
+        description="Call OPERATION of the service at ADDRESS; arguments are JSON values.",
+    )
+    call.add_argument("url", metavar="URL", help="amqp[s]://[user:password@]host[:port]")
+    call.add_argument("address", metavar="ADDRESS", help="the service's address, e.g. echo")
+    call.add_argument("operation", metavar="OPERATION")
+    call.add_argument(
+        "args", metavar="JSON_ARGS", nargs="*", type=_json_argument, help="positional arguments"
+    )
+    call.add_argument("--timeout", type=float, default=30.0, metavar="S", help="default 30")
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve @service classes until Ctrl-C",
+        description="Serve the @service classes of MODULE (or only MODULE:Class).",
+    )
+    serve.add_argument("services", metavar="MODULE[:Class]", nargs="+")
+    serve.add_argument(
+        "--listen",
+        default="amqp://127.0.0.1:5672",
+        metavar="URL",
+        help="where to listen (default %(default)s; port 0 picks a free port, logged)",
+    )
+    serve.add_argument(
+        "--address", metavar="NAME", help="serve the (single) service under this address"
+    )
     return parser
+
+
+def _configure_logging(level: str) -> None:
+    """Human-readable lines on stderr (colours only on a terminal), from ``level`` on."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pairlink`` console script; returns the process exit code."""
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
+    options = parser.parse_args(argv)
+    if options.command is None:
+        parser.print_help()
+        return 0
+    default_level = "warning" if options.command == "call" else "info"
+    _configure_logging((options.log_level or default_level).upper())
+    if options.command == "call":
+        return _call(options)
+    return _serve(options, parser)
+
+
+# -- call ------------------------------------------------------------------------------------
+
+
+def _call(options: argparse.Namespace) -> int:
+    from framework.client import connect
+
+    async def run() -> Any:
+        async with connect(options.url, timeout=options.timeout) as client:
+            return await client.call(options.address, options.operation, *options.args)
+
+    try:
+        result = trio.run(run)
+    except RemoteError as exc:
+        print(f"pairlink call: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (PairlinkError, TimeoutError, OSError, ValueError) as exc:
+        print(f"pairlink call: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(result, default=_jsonable, ensure_ascii=False))
     return 0
+
+
+def _jsonable(value: Any) -> Any:
+    """What JSON has no type for: bytes as text (undecodable bytes escaped), the rest as
+    their string form (timestamps, UUIDs, AMQP symbols and described values)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value).decode("utf-8", errors="backslashreplace")
+    return str(value)
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+
+def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from framework import service
+
+    try:
+        services: list[Any] = [found for spec in options.services for found in _load(spec)]
+        if options.address is not None:
+            if len(services) != 1:
+                parser.error(f"--address needs exactly one service, found {len(services)}")
+            services = [service.hosted(services[0], address=options.address)]
+    except (ImportError, AttributeError, TypeError, ValueError) as exc:
+        parser.error(str(exc))
+    run = functools.partial(service.serve, *services, listen=options.listen)
+    try:
+        trio.run(_until_signal, run)
+    except (OSError, PairlinkError, ValueError) as exc:
+        print(f"pairlink serve: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0
+
+
+def _load(spec: str) -> list[type]:
+    """The services ``MODULE[:Class]`` names: that class, or every @service class defined in
+    the module (in definition order; not the ones it merely imports)."""
+    module_name, _, class_name = spec.partition(":")
+    module = importlib.import_module(module_name)
+    if class_name:
+        cls = getattr(module, class_name)
+        if not _is_service(cls):
+            raise TypeError(f"{spec} is not a @service class")
+        return [cls]
+    found = [
+        value
+        for value in vars(module).values()
+        if _is_service(value) and value.__module__ == module.__name__
+    ]
+    if not found:
+        raise TypeError(f"module {module_name} defines no @service class")
+    return found
+
+
+def _is_service(value: Any) -> bool:
+    from framework.service import spec_of
+
+    if not inspect.isclass(value):
+        return False
+    try:
+        spec_of(value)
+    except TypeError:
+        return False
+    return True
+
+
+async def _until_signal(run: Callable[[], Awaitable[None]]) -> None:
+    """Run ``run()`` until it returns or SIGINT/SIGTERM arrives, then cancel it, which is the
+    services' graceful shutdown (in-flight calls are answered first)."""
+    failure: list[Exception] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def serve_then_stop() -> None:
+                try:
+                    await run()
+                except Exception as exc:  # re-raised bare below, not in an exception group
+                    failure.append(exc)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(serve_then_stop)
+            async for signum in signals:
+                log.info("serve.stopping", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+    if failure:
+        raise failure[0]

@@ -1,0 +1,216 @@
+"""The client for plain synchronous code (scripts, Spark workers): the same calls, blocking.
+
+One Trio run per process lives in a daemon thread, started on first use and shared by every
+blocking client of the process; each call is handed to it with ``trio.from_thread`` and the
+calling thread waits for the result, so any number of threads may call at once.
+
+Forks are expected (Spark and multiprocessing fork their workers): a child inherits the
+parent's memory but not its threads, and the parent's socket is still the parent's. So
+everything here remembers the process it was made in; used in another process, it starts a
+fresh Trio thread and a fresh connection there, and leaves the inherited ones alone (sending
+even a ``close`` on the parent's socket would end the parent's connection).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import attrs
+import structlog
+import trio
+
+from framework import client as aio
+from framework.errors import ConnectionLostError
+from framework.payload import Encoding
+
+log = structlog.get_logger("pairlink.blocking")
+
+CLOSE_TIMEOUT = 10.0
+
+
+@attrs.define
+class _Portal:
+    """A Trio run in a daemon thread, with a nursery for the connections it holds."""
+
+    pid: int
+    token: trio.lowlevel.TrioToken
+    nursery: trio.Nursery
+
+    @classmethod
+    def start(cls) -> _Portal:
+        ready = threading.Event()
+        box: list[_Portal] = []
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                box.append(cls(os.getpid(), trio.lowlevel.current_trio_token(), nursery))
+                ready.set()
+                await trio.sleep_forever()
+
+        thread = threading.Thread(target=trio.run, args=(main,), name="pairlink-trio", daemon=True)
+        thread.start()
+        ready.wait()
+        return box[0]
+
+
+_portal: _Portal | None = None
+_portal_lock = threading.Lock()
+
+
+def _forget_portal() -> None:
+    """In a forked child: the parent's Trio thread does not exist here, and a lock another
+    parent thread held at the fork would stay held forever."""
+    global _portal, _portal_lock
+    _portal = None
+    _portal_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_portal)
+
+
+def _current_portal() -> _Portal:
+    global _portal
+    with _portal_lock:
+        if _portal is None or _portal.pid != os.getpid():
+            _portal = _Portal.start()
+        return _portal
+
+
+class Client:
+    """A blocking client: ``call``, ``service`` proxies and ``close``, as the async one."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self.url = url
+        self._options = options
+        self._pid = -1
+        self._client: aio.Client | None = None
+        self._portal: _Portal | None = None
+        self._stop: trio.Event | None = None
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ensure()  # connect now: a bad URL or password fails here, not at the first call
+
+    def _ensure(self) -> tuple[aio.Client, _Portal]:
+        """The async client of this process; after a fork, a new one in a new Trio thread."""
+        if self._closed:
+            raise ConnectionLostError("the client is closed")
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # the parent's may have been held at the fork
+            self._pid = os.getpid()
+            self._client = None
+        with self._lock:
+            if self._client is None or self._portal is None:
+                portal = _current_portal()
+                self._stopped = threading.Event()
+                self._client, self._stop = trio.from_thread.run(
+                    portal.nursery.start, self._hold, self._stopped, trio_token=portal.token
+                )
+                self._portal = portal
+            return self._client, self._portal
+
+    async def _hold(
+        self,
+        stopped: threading.Event,
+        *,
+        task_status: trio.TaskStatus[tuple[aio.Client, trio.Event]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Keep the async client's context open in the portal until ``close``."""
+        started = False
+        try:
+            async with aio.connect(self.url, **self._options) as client:
+                stop = trio.Event()
+                task_status.started((client, stop))
+                started = True
+                await stop.wait()
+        except Exception as exc:
+            if not started:
+                raise  # to the constructor (or the first call after a fork)
+            log.warning("blocking.close_failed", url=self.url, error=repr(exc))
+        finally:
+            stopped.set()
+
+    def _run(self, action: Callable[[aio.Client], Awaitable[Any]]) -> Any:
+        """Run ``action(async client)`` in the Trio thread; block until it is done."""
+        client, portal = self._ensure()
+        return trio.from_thread.run(functools.partial(action, client), trio_token=portal.token)
+
+    def call(
+        self,
+        address: str,
+        operation: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        encoding: Encoding | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``Client.call`` of the async client, blocking until the reply (or the error)."""
+        return self._run(
+            lambda client: client.call(
+                address, operation, *args, timeout=timeout, encoding=encoding, **kwargs
+            )
+        )
+
+    def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
+        """A blocking proxy for the service at ``address`` (see the async ``service``)."""
+        self._run(lambda client: client.service(address, encoding=encoding))
+        return ServiceProxy(self, address, encoding)
+
+    def close(self) -> None:
+        """Close this process's connection; idempotent. In a forked child that never used
+        the client there is nothing of its own to close."""
+        if self._closed:
+            return
+        self._closed = True
+        stop, portal = self._stop, self._portal
+        if self._pid != os.getpid() or stop is None or portal is None:
+            return
+        trio.from_thread.run_sync(stop.set, trio_token=portal.token)
+        self._stopped.wait(CLOSE_TIMEOUT)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ServiceProxy:
+    """Blocking calls to one service: ``proxy.call("add", 1, 2)`` or ``proxy.add(1, 2)``."""
+
+    def __init__(self, client: Client, address: str, encoding: Encoding | None) -> None:
+        self.client = client
+        self.address = address
+        self.encoding = encoding
+
+    def call(
+        self, operation: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        return self.client.call(
+            self.address, operation, *args, timeout=timeout, encoding=self.encoding, **kwargs
+        )
+
+    def __getattr__(self, operation: str) -> Callable[..., Any]:
+        if operation.startswith("_"):
+            raise AttributeError(operation)
+        return functools.partial(self.call, operation)
+
+    def __repr__(self) -> str:
+        return f"<blocking ServiceProxy {self.address!r} on {self.client.url}>"
+
+
+def connect(url: str, **options: Any) -> Client:
+    """Connect now and return a blocking client; ``options`` as for ``framework.connect``.
+    Use it as a context manager or call ``close()``."""
+    return Client(url, **options)

@@ -1,0 +1,190 @@
+"""The ``pairlink`` command: ``call`` against a Proton paired-link server, ``serve`` in a child
+process (called, then stopped with Ctrl-C)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import structlog
+
+from framework.cli import main
+from tests.client_peers import proton_arithmetic
+from tests.interop.proton_peers import ProtonServer
+
+
+@pytest.fixture(autouse=True)
+def restore_logging() -> Iterator[None]:
+    """``main`` configures structlog for the whole process, as a command should; the tests
+    after these ones keep their own configuration."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+@pytest.fixture
+def server() -> Iterator[ProtonServer]:
+    with ProtonServer(offered_capabilities=["LINK_PAIR_V1_0"], responder=proton_arithmetic) as px:
+        yield px
+
+
+def test_call_prints_the_reply_as_json(
+    server: ProtonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["call", server.url(), "calc", "add", "1", "2"]) == 0
+    assert main(["call", server.url(), "calc", "echo", '{"a": [1, "x"]}']) == 0
+    assert main(["call", server.url(), "calc", "echo", '"h\u00e9"', "--timeout", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line) for line in out.splitlines()] == [3, {"a": [1, "x"]}, "h\u00e9"]
+    assert err == ""  # warnings and errors only: nothing went wrong
+
+
+def test_call_error_reply_exits_1(server: ProtonServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["call", server.url(), "calc", "nope"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "[404]" in err
+
+
+def test_call_timeout_exits_1(server: ProtonServer, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["call", server.url(), "calc", "hang", "--timeout", "0.2"]) == 1
+    assert "TimeoutError" in capsys.readouterr().err
+
+
+def test_call_without_a_server_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with ProtonServer() as px:
+        url = px.url()
+    assert main(["call", url, "calc", "add"]) == 1
+    assert "Error" in capsys.readouterr().err
+
+
+def test_call_arguments_must_be_json(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["call", "amqp://127.0.0.1:1", "echo", "echo", "hi"])
+    assert exc.value.code == 2
+    assert "is not JSON" in capsys.readouterr().err
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 0
+    assert "call" in capsys.readouterr().out
+
+
+def test_python_dash_m_framework_call(server: ProtonServer) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "framework", "call", server.url(), "echo", "echo", '"hi"'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, '"hi"\n', "")
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+
+class Served:
+    """``python -m framework serve ...`` in a child process, its stderr read line by line."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "framework", "serve", *args],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.put(line)
+
+    def wait_for(self, event: str, timeout: float = 20) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {event!r} line; saw {self.seen}") from None
+            self.seen.append(line)
+            if event in line:
+                return line
+
+    def url(self) -> str:
+        match = re.search(r"url=(amqp://\S+)", self.wait_for("server.listening"))
+        assert match is not None
+        return match.group(1)
+
+    def interrupt(self) -> int:
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(20)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join(5)  # it ends at the EOF of a finished process
+        assert self.process.stderr is not None
+        self.process.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "address"),
+    [
+        ("services.echo", [], "echo"),
+        ("services.echo:Echo", ["--address", "other"], "other"),
+    ],
+)
+def test_serve_until_ctrl_c(
+    spec: str, extra: list[str], address: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Served(spec, "--listen", "amqp://127.0.0.1:0", *extra) as served:
+        url = served.url()
+        assert main(["call", url, address, "echo", '"hi"']) == 0
+        assert capsys.readouterr().out == '"hi"\n'
+        assert served.interrupt() == 0
+        served.wait_for("server.stopped")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "no_such_module_here"], "No module named"),
+        (["serve", "services.echo:trio"], "is not a @service class"),
+        (["serve", "services.echo:Missing"], "Missing"),
+        (["serve", "framework.wire"], "defines no @service class"),
+        (["serve", "tests.test_client_e2e", "--address", "x"], "exactly one service"),
+    ],
+)
+def test_serve_usage_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_on_a_port_in_use_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    with ProtonServer() as px:
+        assert main(["serve", "services.echo", "--listen", px.url()]) == 1
+    assert "OSError" in capsys.readouterr().err
+
+
+def test_call_with_a_bad_url_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["call", "http://127.0.0.1:1", "echo", "echo", "1"]) == 1
+    assert "scheme must be amqp" in capsys.readouterr().err

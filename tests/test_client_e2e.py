@@ -1,0 +1,228 @@
+"""Our client against our own services, over real TCP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+from framework import blocking, deadline
+from framework.client import connect
+from framework.container import Server
+from framework.errors import ConnectionLostError, RemoteError
+from framework.service import handler, open_server, remote, service
+from services.echo import Echo
+
+
+@service("probe", max_concurrency=8)
+class Probe:
+    """What a served call sees of its own deadline."""
+
+    @handler
+    async def remaining(self) -> float | None:
+        return deadline.remaining()
+
+
+@service("front", max_concurrency=8)
+class Front:
+    """Calls another service from inside a handler (actor to actor)."""
+
+    @handler
+    async def inner_remaining(self) -> float | None:
+        probe = await remote("probe")
+        return await probe.remaining()  # type: ignore[no-any-return]
+
+    @handler
+    async def divide(self, a: float, b: float) -> float:
+        return a / b
+
+
+@asynccontextmanager
+async def served(*services: Any) -> AsyncIterator[Server]:
+    async with open_server(*services, listen="amqp://127.0.0.1:0") as server:
+        yield server
+
+
+async def test_echo_round_trips_any_value_over_a_pair() -> None:
+    values: list[Any] = [None, 1, -2.5, "héllo", b"\x00\xff", [1, [2]], {"k": {"n": None}}]
+    values.append(b"x" * (1 << 20))  # spans many transfer frames both ways
+    async with served(Echo) as server, connect(server.url, timeout=10) as client:
+        echo = await client.service("echo")
+        for value in values:
+            assert await echo.echo(value) == value
+        assert await echo.call("echo", x="by keyword") == "by keyword"
+        assert client._conn is not None and client._conn.paired
+
+
+@pytest.mark.timeout(120)
+async def test_load_50_clients_200_calls_each_every_reply_its_own() -> None:
+    """Each call carries a value no other call carries; every one must come back exactly
+    once, to the caller that sent it."""
+    clients, calls = 50, 200
+    got: list[tuple[int, int, Any]] = []
+    async with served(Echo) as server:
+
+        async def one_client(c: int) -> None:
+            async with connect(server.url, timeout=60) as client:
+                echo = await client.service("echo")
+                async with trio.open_nursery() as nursery:
+                    for i in range(calls):
+
+                        async def one(i: int = i) -> None:
+                            got.append((c, i, await echo.echo([c, i])))
+
+                        nursery.start_soon(one)
+
+        async with trio.open_nursery() as nursery:
+            for c in range(clients):
+                nursery.start_soon(one_client, c)
+    assert len(got) == clients * calls
+    assert all(reply == [c, i] for c, i, reply in got)
+    assert len({(c, i) for c, i, _ in got}) == clients * calls  # none lost, none twice
+
+
+async def test_deadline_travels_from_actor_to_actor() -> None:
+    """The caller gives 2 s; the inner call, made by the handler with no timeout of its
+    own (its client's default is 30 s), gets what is left of those 2 s."""
+    async with served(Front, Probe) as server, connect(server.url) as client:
+        left = await client.call("front", "inner_remaining", timeout=2)
+        assert left is not None and 1.0 < left <= 2.0
+        unbounded = await client.call("probe", "remaining", timeout=float("inf"))
+        assert unbounded is None
+
+
+async def test_handler_error_and_unknown_operation() -> None:
+    async with served(Front, Probe) as server, connect(server.url, timeout=5) as client:
+        front = await client.service("front")
+        with pytest.raises(RemoteError) as exc:
+            await front.divide(1, 0)
+        assert (exc.value.status, exc.value.type) == (500, "ZeroDivisionError")
+        with pytest.raises(RemoteError) as exc:
+            await front.missing()
+        assert exc.value.status == 404
+        assert await front.divide(1, 4) == 0.25
+
+
+async def test_slow_handler_beyond_the_timeout() -> None:
+    async with served(Echo) as server, connect(server.url, timeout=5) as client:
+        echo = await client.service("echo")
+        start = trio.current_time()
+        with pytest.raises(TimeoutError):
+            await echo.sleep(2, timeout=0.3)
+        assert trio.current_time() - start < 1
+        assert await echo.echo("still serving") == "still serving"
+
+
+async def test_unsettled_requests_against_our_service() -> None:
+    async with served(Echo) as server, connect(server.url, timeout=5, settled=False) as client:
+        echo = await client.service("echo")
+        assert [await echo.echo(i) for i in range(5)] == list(range(5))
+
+
+class Relay:
+    """A TCP relay in front of a server, whose connections the test can cut at once (the
+    server goes on running, as after a network failure between the two)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.connections = 0
+        self._cuts: list[trio.CancelScope] = []
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._relay, listeners)
+
+    def cut(self) -> None:
+        for scope in self._cuts:
+            scope.cancel()
+        self._cuts.clear()
+
+    async def _relay(self, client: trio.SocketStream) -> None:
+        self.connections += 1
+        upstream = await trio.open_tcp_stream("127.0.0.1", self.target_port)
+        with trio.CancelScope() as scope:
+            self._cuts.append(scope)
+            async with client, upstream, trio.open_nursery() as nursery:
+                nursery.start_soon(self._pipe, client, upstream)
+                nursery.start_soon(self._pipe, upstream, client)
+        await trio.aclose_forcefully(client)
+        await trio.aclose_forcefully(upstream)
+
+    @staticmethod
+    async def _pipe(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        try:
+            while data := await src.receive_some(65536):
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+async def test_connection_cut_mid_call_fails_the_calls_then_reconnects() -> None:
+    async with served(Echo) as server, trio.open_nursery() as nursery:
+        relay = Relay(server.port)
+        await nursery.start(relay.run)
+        url = f"amqp://127.0.0.1:{relay.port}"
+        async with connect(url, timeout=10, reconnect=True, retry_delay=0.05) as client:
+            echo = await client.service("echo")
+            assert await echo.echo(1) == 1
+            failures: list[BaseException] = []
+
+            async def slow() -> None:
+                try:  # the service ends the handlers at this deadline: it has no one to answer
+                    await echo.sleep(5, timeout=1.5)
+                except ConnectionLostError as exc:
+                    failures.append(exc)
+
+            async with trio.open_nursery() as calls:
+                for _ in range(5):
+                    calls.start_soon(slow)
+                await trio.sleep(0.2)  # the five are in the service's hands
+                cut_at = trio.current_time()
+                relay.cut()
+            assert len(failures) == 5
+            assert trio.current_time() - cut_at < 1  # at once, not at the 1.5 s deadline
+            assert client._conn is not None
+            await client._conn.amqp.closed.wait()
+            assert await echo.echo(2) == 2  # a new connection, a new pair
+            assert relay.connections == 2
+        assert await _still_serving(server)
+        nursery.cancel_scope.cancel()
+
+
+async def _still_serving(server: Server) -> bool:
+    async with connect(server.url, timeout=5) as client:
+        return await client.call("echo", "echo", True) is True
+
+
+def test_blocking_client_against_our_service() -> None:
+    """Our server runs in a Trio thread of its own; the blocking client has another."""
+    up = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def run_server() -> None:
+        box["token"] = trio.lowlevel.current_trio_token()
+        box["stop"] = stop = trio.Event()
+        async with served(Echo) as server:
+            box["url"] = server.url
+            up.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=trio.run, args=(run_server,), daemon=True)
+    thread.start()
+    assert up.wait(10)
+    try:
+        with blocking.connect(box["url"], timeout=5) as client:
+            echo = client.service("echo")
+            assert [echo.echo(i) for i in range(10)] == list(range(10))
+            with pytest.raises(TimeoutError):
+                echo.sleep(1, timeout=0.1)
+    finally:
+        trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
+        thread.join(10)
