@@ -18,7 +18,6 @@ connection fails every call in flight with ``ConnectionLostError``; a timeout ra
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import math
@@ -40,6 +39,7 @@ from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
 from framework.amqp.session import Session, SessionState
+from framework.endpoints import Receiver, Sender
 from framework.errors import (
     AuthenticationError,
     ConnectionLostError,
@@ -49,6 +49,7 @@ from framework.errors import (
 )
 from framework.linkpair import LINK_PAIR_V1_0, offers_pairing, paired_mismatch, paired_properties
 from framework.payload import Encoding
+from framework.taskgroups import body_errors_unwrapped
 
 log = structlog.get_logger("pairlink.client")
 
@@ -67,23 +68,19 @@ class _Call:
     error: PairlinkError | None = None
 
 
-class _RequestSender(transport.Sender):
+class _RequestSender(Sender):
     """The request half: a detach or a lost connection ends the whole pair."""
 
     def __init__(self, conn: transport.AmqpConnection, link: Link, pair: _Pair) -> None:
         super().__init__(conn, link)
         self.pair = pair
 
-    def _on_flow(self) -> None:
-        super()._on_flow()
-        self.pair.hand_out_credit()
-
-    def _wake_all(self) -> None:
-        super()._wake_all()
+    def on_ended(self) -> None:
+        super().on_ended()
         self.pair.lost(self.detached)
 
 
-class _ReplyReceiver(transport.Receiver):
+class _ReplyReceiver(Receiver):
     """The reply half. Replies are handed to their callers right here, in the connection's
     reader task, instead of queueing for a consumer task: one task switch less per call, and
     credit can be granted again at once (in batches: one flow frame per half the credit)."""
@@ -94,7 +91,7 @@ class _ReplyReceiver(transport.Receiver):
         super().__init__(conn, link, credit)
         self.pair = pair
 
-    def _on_message(self, delivery: Delivery, payload: bytes) -> None:
+    def on_message(self, delivery: Delivery, payload: bytes) -> None:
         try:
             message = Message.decode(payload)
         except DecodeError as exc:  # no correlation-id to read: its caller will time out
@@ -110,8 +107,8 @@ class _ReplyReceiver(transport.Receiver):
         if self.link.link_credit <= self.credit // 2:
             self.grant()
 
-    def _wake_all(self) -> None:
-        super()._wake_all()
+    def on_ended(self) -> None:
+        super().on_ended()
         self.pair.lost(self.detached)
 
 
@@ -133,8 +130,6 @@ class _Pair:
         self.fresh = paired  # the first request may go before the peer's attach (LP-10)
         self.verified = not paired  # LP-5 applies to pairs only
         self.log = conn.log
-        self._credit_queue: collections.deque[trio.Event] = collections.deque()
-        self._woken = 0  # calls woken for credit that have not sent yet
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -258,8 +253,6 @@ class _Pair:
         presume, self.fresh = self.fresh, False
         try:
             with call.scope:
-                if not presume:
-                    await self._take_turn()
                 delivery = await self.sender.send(message, wait=not settled, presume_credit=presume)
                 if not settled:
                     _check_outcome(delivery)
@@ -272,32 +265,6 @@ class _Pair:
             raise call.error
         self.log.debug("call.timeout", correlation_id=message_id, operation=operation)
         raise TimeoutError(f"{self.address}.{operation}: no reply within the deadline")
-
-    async def _take_turn(self) -> None:
-        """Wait, first come first served, until there is link credit for this call. Each flow
-        from the service wakes as many waiting calls as it brings credit: a busy service's
-        callers do not all wake up and go back to sleep on every flow frame."""
-        if not self._credit_queue and self.sender.link.link_credit > self._woken:
-            return
-        turn = trio.Event()
-        self._credit_queue.append(turn)
-        try:
-            await turn.wait()
-        except BaseException:  # cancelled, timed out, or the pair is lost
-            if turn.is_set():  # woken but leaving: the credit goes to the next in line
-                self._woken -= 1
-                self.hand_out_credit()
-            else:
-                self._credit_queue.remove(turn)
-            raise
-        self._woken -= 1
-
-    def hand_out_credit(self) -> None:
-        free = self.sender.link.link_credit - self._woken
-        while free > 0 and self._credit_queue:
-            self._credit_queue.popleft().set()
-            self._woken += 1
-            free -= 1
 
     def on_reply(self, message: Message) -> None:
         if not self.verified:
@@ -639,7 +606,7 @@ async def connect(
     we grant more. ``config``: engine settings (``container_id``, ``idle_timeout``, ``sasl``).
     Raises at once if the first connection fails.
     """
-    with transport._body_errors_unwrapped() as body:
+    with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
             client = Client(
                 url,

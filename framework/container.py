@@ -51,6 +51,7 @@ from framework.amqp.messaging import Error, Message, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, SND_UNSETTLED
 from framework.client import Client
 from framework.client import connect as connect_client
+from framework.endpoints import Receiver, Sender
 from framework.linkpair import (
     LINK_PAIR_V1_0,
     PairHalf,
@@ -71,7 +72,7 @@ current_server: ContextVar[Server | None] = ContextVar("pairlink_server", defaul
 """The server whose handler (or on_start/on_stop) is running: how ``remote()`` finds it."""
 
 
-class RequestLink(transport.Receiver):
+class RequestLink(Receiver):
     """A peer's sending link to a service: each message is a call for ``actor``."""
 
     def __init__(
@@ -128,17 +129,17 @@ class RequestLink(transport.Receiver):
             return NOT_FOUND, "reply-to $me, but this link has no attached paired link"
         return NOT_FOUND, f"no link of this connection has the target {reply_to!r}"
 
-    def _on_message(self, delivery: Delivery, payload: bytes) -> None:
+    def on_message(self, delivery: Delivery, payload: bytes) -> None:
         self.actor.arrive(self, delivery, payload)
 
-    def _wake_all(self) -> None:
+    def on_ended(self) -> None:
         if not self.gone:
             self.gone = True
             self.actor.link_gone(self)
             self.peer.forget(self)
 
 
-class ReplyLink(transport.Sender):
+class ReplyLink(Sender):
     """A peer's receiving link: replies go out on it as its credit allows."""
 
     def __init__(
@@ -187,20 +188,20 @@ class ReplyLink(transport.Sender):
             log.warning("reply.dropped", link=self.link.name, error=str(exc))
         self.conn.kick()
 
-    def _on_flow(self) -> None:
+    def on_flow(self) -> None:
         while self._parked and self.link.link_credit > 0 and self.usable:
             payload, actor = self._parked.popleft()
             self._send_now(payload)
             actor.release()
 
-    def _on_update(self, delivery: Delivery) -> None:
+    def on_update(self, delivery: Delivery) -> None:
         # the requester decided but left settling to us (rcv-settle-mode second)
         decided = delivery.remote_state is not None and not delivery.remote_settled
         if decided and not delivery.settled and self.usable:
             self.conn.engine.settle(delivery, delivery.remote_state)
             self.conn.kick()
 
-    def _wake_all(self) -> None:
+    def on_ended(self) -> None:
         if self.gone:
             return
         self.gone = True

@@ -14,8 +14,8 @@ import itertools
 import math
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -39,12 +39,14 @@ from framework.amqp.events import (
     SessionEnded,
     TransportFailed,
 )
-from framework.amqp.link import Delivery, Link
-from framework.amqp.messaging import Error, Message, Source, Target
+from framework.amqp.link import Link
+from framework.amqp.messaging import Error, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
 from framework.amqp.sasl import EXTERNAL, SaslClient, SaslServer
 from framework.amqp.session import Session
+from framework.endpoints import Endpoint, Receiver, Sender
 from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
+from framework.taskgroups import body_errors_unwrapped
 
 log = structlog.get_logger("pairlink.transport")
 
@@ -88,152 +90,6 @@ class AmqpUrl:
             unquote(parts.username) if parts.username else None,
             unquote(parts.password) if parts.password else None,
         )
-
-
-class Sender:
-    """Our sending end of a link: ``send`` waits for credit, optionally for the outcome."""
-
-    def __init__(self, conn: AmqpConnection, link: Link) -> None:
-        self.conn = conn
-        self.link = link
-        self._credit = trio.Event()
-        self._outcomes: dict[Delivery, trio.Event] = {}
-        self.attached = trio.Event()
-        self.detached: LinkDetachedError | None = None
-        link.user_data = self
-
-    async def send(
-        self,
-        message: Message | bytes,
-        *,
-        settled: bool | None = None,
-        wait: bool = True,
-        presume_credit: bool = False,
-    ) -> Delivery:
-        """Send one message; unless ``settled``, ``wait`` for the receiver's outcome.
-
-        Returns the delivery, whose ``remote_state`` holds the outcome once it came.
-        """
-        payload = message.encode() if isinstance(message, Message) else message
-        while self.link.link_credit <= 0 and not (
-            presume_credit and self.link.remote_attach is None
-        ):
-            self._check_usable()
-            await self._credit.wait()
-        self._check_usable()
-        delivery = self.conn.engine.send(
-            self.link, payload, settled=settled, presume_credit=presume_credit
-        )
-        self.conn.kick()
-        if delivery.settled or not wait:
-            return delivery
-        done = self._outcomes[delivery] = trio.Event()
-        try:
-            await done.wait()
-        finally:
-            self._outcomes.pop(delivery, None)
-        self._check_usable(delivery)
-        return delivery
-
-    def _check_usable(self, delivery: Delivery | None = None) -> None:
-        if delivery is not None and delivery.remote_settled:
-            return
-        self.conn.raise_if_closed()
-        if self.detached is not None:
-            raise self.detached
-
-    def _on_flow(self) -> None:
-        if self.link.link_credit > 0:  # wake every waiter; each re-checks the credit left
-            self._credit.set()
-            self._credit = trio.Event()
-
-    def _on_update(self, delivery: Delivery) -> None:
-        if delivery.remote_settled or delivery.remote_state is not None:
-            event = self._outcomes.get(delivery)
-            if event is not None:
-                event.set()
-
-    def _wake_all(self) -> None:
-        self._credit.set()
-        for event in self._outcomes.values():
-            event.set()
-
-    async def close(self, error: Error | None = None) -> None:
-        self.conn.engine.detach(self.link, closed=True, error=error)
-        self.conn.kick()
-
-
-@attrs.define
-class Received:
-    """A message that arrived on a receiver, with the delivery to settle."""
-
-    message: Message
-    delivery: Delivery
-    payload: bytes
-
-
-class Receiver:
-    """Our receiving end of a link, holding ``credit`` messages at most (a bounded mailbox).
-
-    Credit is granted again as the consumer takes messages, once half of it is used, so one
-    flow frame answers many messages and nothing ever queues beyond ``credit``.
-    """
-
-    def __init__(self, conn: AmqpConnection, link: Link, credit: int) -> None:
-        self.conn = conn
-        self.link = link
-        self.credit = credit
-        self._send, self._recv = trio.open_memory_channel[Received](math.inf)
-        self._queued = 0
-        self.attached = trio.Event()
-        self.detached: LinkDetachedError | None = None
-        link.user_data = self
-
-    def grant(self) -> None:
-        """Top the link's credit up to ``credit`` minus what waits unconsumed."""
-        if self.detached is None and not self.conn.engine.closed:
-            self.conn.engine.flow(self.link, self.credit - self._queued)
-            self.conn.kick()
-
-    async def receive(self) -> Received:
-        try:
-            item = await self._recv.receive()
-        except trio.EndOfChannel:
-            self.conn.raise_if_closed()
-            assert self.detached is not None
-            raise self.detached from None
-        self._queued -= 1
-        if self.link.link_credit + self._queued <= self.credit // 2:
-            self.grant()
-        return item
-
-    def settle(self, received: Received, state: Any) -> None:
-        """Declare the outcome (Accepted(), Rejected(...)...) of a received message."""
-        if not received.delivery.settled:
-            self.conn.engine.settle(received.delivery, state)
-            self.conn.kick()
-
-    def _on_message(self, delivery: Delivery, payload: bytes) -> None:
-        message = Message.decode(payload)
-        self._queued += 1
-        self._send.send_nowait(Received(message, delivery, payload))
-
-    def _wake_all(self) -> None:
-        self._send.close()
-
-    def __aiter__(self) -> AsyncIterator[Received]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Received]:
-        while True:
-            try:
-                yield await self.receive()
-            except (ConnectionLostError, LinkDetachedError):
-                return
-
-    async def close(self, error: Error | None = None) -> None:
-        self.conn.engine.detach(self.link, closed=True, error=error)
-        self.conn.kick()
 
 
 class AmqpConnection:
@@ -329,8 +185,8 @@ class AmqpConnection:
     @staticmethod
     def _wake_link(link: Link) -> None:
         endpoint = link.user_data
-        if isinstance(endpoint, Sender | Receiver):
-            endpoint._wake_all()
+        if isinstance(endpoint, Endpoint):
+            endpoint.link_ended()
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -456,32 +312,30 @@ class AmqpConnection:
 
     def _on_attached(self, event: LinkAttached) -> None:
         endpoint = event.link.user_data
-        if isinstance(endpoint, Sender | Receiver):
+        if isinstance(endpoint, Endpoint):
             endpoint.attached.set()
 
     def _on_flow(self, event: LinkFlow) -> None:
         endpoint = event.link.user_data
-        if isinstance(endpoint, Sender):
-            endpoint._on_flow()
+        if isinstance(endpoint, Endpoint):
+            endpoint.on_flow()
 
     def _on_message(self, event: MessageReceived) -> None:
         endpoint = event.link.user_data
-        if isinstance(endpoint, Receiver):
-            endpoint._on_message(event.delivery, event.payload)
+        if isinstance(endpoint, Endpoint):
+            endpoint.on_message(event.delivery, event.payload)
 
     def _on_update(self, event: DeliveryUpdated) -> None:
         endpoint = event.link.user_data
-        if isinstance(endpoint, Sender):
-            endpoint._on_update(event.delivery)
+        if isinstance(endpoint, Endpoint):
+            endpoint.on_update(event.delivery)
 
     def _on_detached(self, event: LinkDetached) -> None:
         endpoint = event.link.user_data
-        if isinstance(endpoint, Sender | Receiver):
-            endpoint.detached = LinkDetachedError.from_amqp(
-                event.error, f"link {event.link.name!r} detached"
+        if isinstance(endpoint, Endpoint):
+            endpoint.link_ended(
+                LinkDetachedError.from_amqp(event.error, f"link {event.link.name!r} detached")
             )
-            endpoint.attached.set()
-            endpoint._wake_all()
 
     def _on_session_ended(self, event: SessionEnded) -> None:
         if event.session is self._session:
@@ -606,7 +460,7 @@ async def open_connection(
     """Run AMQP over any Trio stream; closes it (and the stream) when the block ends."""
     conn = AmqpConnection(stream, config, initiator=initiator, peer=peer, on_attach=on_attach)
     conn.log.info("connection.start", initiator=initiator)
-    with _body_errors_unwrapped() as body:
+    with body_errors_unwrapped() as body:
         try:
             async with trio.open_nursery() as nursery:
                 await conn._run(nursery)
@@ -625,31 +479,6 @@ async def open_connection(
         finally:
             conn._finish(conn.error)
             await trio.aclose_forcefully(stream)
-
-
-class _BodyError:
-    """Remembers what the ``async with`` body raised, so it can be re-raised bare."""
-
-    error: BaseException | None = None
-
-    async def __aenter__(self) -> None:
-        return None
-
-    async def __aexit__(self, _type: Any, value: BaseException | None, _tb: Any) -> None:
-        self.error = value
-
-
-@contextmanager
-def _body_errors_unwrapped() -> Iterator[_BodyError]:
-    """Our background tasks never raise, so a nursery group holding only the body's own
-    exception is noise: the caller gets its exception as raised, as with a plain ``with``."""
-    body = _BodyError()
-    try:
-        yield body
-    except BaseExceptionGroup as group:
-        if body.error is not None and list(group.exceptions) == [body.error]:
-            raise body.error from None
-        raise
 
 
 def client_config(
@@ -783,7 +612,7 @@ async def listen(
         await serve_one(stream, f"{host}:{port_}")
 
     log.info("listener.start", url=scheme_url)
-    with _body_errors_unwrapped() as body:
+    with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, accept, listeners)
             try:

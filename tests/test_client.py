@@ -433,20 +433,20 @@ async def test_calls_wait_for_credit_in_turn_and_leaving_ones_pass_it_on() -> No
                 nursery.start_soon(call, name, scope)
                 await trio.testing.wait_all_tasks_blocked()
             await trio.sleep(0.2)  # b gives up while queued
-            assert len(pair._credit_queue) == 2
+            assert len(pair.sender._turns) == 2
             # c gives up, and before it has run, one credit comes and wakes it: it must hand
             # that credit to d (the server's flow frame goes out after the fact)
             woken_quitter.cancel()
             peer.engine.flow(peer.incoming[0].link, 1)
             pair.sender.link.link_credit = 1
-            pair.hand_out_credit()
+            pair.sender.on_flow()
             peer.kick()
             await peer.wait_for(Transfer, 2)
             for incoming in peer.incoming:
                 incoming.reply(incoming.request.operation)
         assert sorted(results) == ["a", "d"]
         assert [i.request.operation for i in peer.incoming] == ["a", "d"]
-        assert not pair._credit_queue and pair._woken == 0
+        assert not pair.sender._turns and pair.sender._woken == 0
 
 
 async def _first_peer(server: RawServer) -> RawPeer:

@@ -16,11 +16,11 @@ from framework.amqp.framing import AMQP_HEADER, FrameReader, encode_frame
 from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Error, Message, Rejected
 from framework.amqp.performatives import Attach, Begin, Open
+from framework.endpoints import Receiver
 from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
 from framework.transport import (
     AmqpConnection,
     Listener,
-    Receiver,
     connect,
     listen,
     open_connection,
@@ -90,6 +90,18 @@ async def test_rejected_outcome_reaches_the_sender() -> None:
         assert isinstance(delivery.remote_state, Rejected)
         assert delivery.remote_state.error is not None
         assert delivery.remote_state.error.condition == errors.NOT_ALLOWED
+
+
+async def test_an_undecodable_message_is_rejected_and_the_link_lives_on() -> None:
+    async with queue_server() as (listener, node), connect(listener.url) as conn:
+        sender = conn.open_sender("q")
+        bad = await sender.send(b"\xff\x00 not an AMQP message")
+        assert isinstance(bad.remote_state, Rejected)
+        assert bad.remote_state.error is not None
+        assert bad.remote_state.error.condition == errors.DECODE_ERROR
+        good = await sender.send(Message(body="fine"))
+        assert isinstance(good.remote_state, Accepted)
+        assert [m.body for m in node.got["q"]] == ["fine"]
 
 
 async def test_refused_link_raises_link_detached_with_the_condition() -> None:

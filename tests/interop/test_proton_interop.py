@@ -19,8 +19,9 @@ import trio
 from framework.amqp import errors
 from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Message, Properties, Rejected
+from framework.endpoints import Receiver, Sender
 from framework.errors import AuthenticationError, ConnectionLostError
-from framework.transport import AmqpConnection, Listener, Receiver, Sender, connect, listen
+from framework.transport import AmqpConnection, Listener, connect, listen
 from tests.interop.proton_peers import (
     ProtonServer,
     blocking_receive,
