@@ -154,17 +154,17 @@ def _jsonable(value: Any) -> Any:
 
 
 def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from framework import service
+    from framework.service import hosted, serve
 
     try:
         services: list[Any] = [found for spec in options.services for found in _load(spec)]
         if options.address is not None:
             if len(services) != 1:
                 parser.error(f"--address needs exactly one service, found {len(services)}")
-            services = [service.hosted(services[0], address=options.address)]
+            services = [hosted(services[0], address=options.address)]
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         parser.error(str(exc))
-    run = functools.partial(service.serve, *services, listen=options.listen)
+    run = functools.partial(serve, *services, listen=options.listen)
     try:
         trio.run(_until_signal, run)
     except (OSError, PairlinkError, ValueError) as exc:

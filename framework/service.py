@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import inspect
 import ssl
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast, overload
 
 import attrs
 import trio
 
 from framework.container import Server, current_server
+from framework.taskgroups import lone_errors_unwrapped
 from framework.wire import ME
 
 DEFAULT_URL = "amqp://127.0.0.1:5672"
@@ -370,29 +371,13 @@ async def open_server(
         call_url=call_url,
         listen_options=options,
     )
-    with _lone_errors_unwrapped():
+    with lone_errors_unwrapped():
         async with trio.open_nursery() as nursery:
             await nursery.start(server.run)
             try:
                 yield server
             finally:
                 server.stop()  # the server task is shielded: the nursery waits for its shutdown
-
-
-@contextmanager
-def _lone_errors_unwrapped() -> Iterator[None]:
-    """Nurseries wrap even a single exception in an ExceptionGroup (several levels deep
-    here); what failed (an ``on_start``, the body of the ``async with``) is raised as itself.
-    Several exceptions at once stay a group."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        error: BaseException = group
-        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-            error = error.exceptions[0]
-        if error is group:
-            raise
-        raise error from None
 
 
 async def serve(

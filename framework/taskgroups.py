@@ -38,3 +38,19 @@ def body_errors_unwrapped() -> Iterator[BodyError]:
         if body.error is not None and list(group.exceptions) == [body.error]:
             raise body.error from None
         raise
+
+
+@contextmanager
+def lone_errors_unwrapped() -> Iterator[None]:
+    """Nested nurseries wrap even a single exception in groups several levels deep; whatever
+    failed (a startup hook, the body of the ``async with``) is raised as itself. Several
+    exceptions at once stay a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        error: BaseException = group
+        while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+            error = error.exceptions[0]
+        if error is group:
+            raise
+        raise error from None
