@@ -60,12 +60,13 @@ typecheck: venv
 pytest: venv
 	$(VENV)/bin/pytest
 
-# Until the Spark demo lands, the demo is the codec benchmark (ours against Proton's codec).
+# Until the Spark demo lands, the demo is a service and its callers in one script.
 demo: venv
-	$(PY) -m benchmarks.codec
+	$(PY) examples/calc.py
 
 bench: venv
 	$(PY) -m benchmarks.codec
+	$(PY) -m benchmarks.rpc
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
