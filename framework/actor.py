@@ -45,9 +45,9 @@ from framework.wire import (
     UNAVAILABLE,
     CallError,
     Request,
+    encode_reply,
     error_message,
     parse_request,
-    reply_message,
 )
 
 if TYPE_CHECKING:
@@ -318,7 +318,7 @@ class Actor:
         to = route.to
         if status == OK:
             try:
-                return self._fit(route, request, reply_message(request, value, to=to).encode())
+                return self._fit(route, request, encode_reply(request, value, to=to))
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
                 status, description = INTERNAL_ERROR, f"cannot encode the result: {exc}"
                 error_type = _type_name(exc)

@@ -50,6 +50,7 @@ from framework.errors import (
 from framework.linkpair import LINK_PAIR_V1_0, offers_pairing, paired_mismatch, paired_properties
 from framework.payload import Encoding
 from framework.taskgroups import body_errors_unwrapped
+from framework.timeouts import Timeouts
 
 log = structlog.get_logger("pairlink.client")
 
@@ -60,12 +61,24 @@ credentials, which ``AuthenticationError`` reports at once)."""
 
 @attrs.define(eq=False)
 class _Call:
-    """One call in flight: its reply, or the error that ended it early (cancelling ``scope``)."""
+    """One call in flight: its reply, or the error that ended it early. Until ``deadline``
+    (Trio clock) it waits under ``scope`` while its request may still wait to leave, then on
+    ``done`` alone, woken by the client's ``Timeouts`` when the deadline passes."""
 
-    scope: trio.CancelScope
+    deadline: float
+    scope: trio.CancelScope | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
     reply: Message | None = None
     error: PairlinkError | None = None
+
+    def expire(self) -> None:
+        self.done.set()
+
+    def end(self, error: PairlinkError) -> None:
+        self.error = error
+        self.done.set()
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 class _RequestSender(Sender):
@@ -238,7 +251,7 @@ class _Pair:
         client = self.conn.client
         message_id = next(client._ids)
         remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
-        message = wire.request_message(
+        message = wire.encode_request(
             operation,
             args,
             kwargs,
@@ -248,15 +261,21 @@ class _Pair:
             reply_to=self.reply_to,
             encoding=encoding,
         )
-        call = _Call(trio.CancelScope(deadline=deadline_at))
+        call = _Call(deadline_at)
         self.calls[message_id] = call
         presume, self.fresh = self.fresh, False
         try:
-            with call.scope:
-                delivery = await self.sender.send(message, wait=not settled, presume_credit=presume)
-                if not settled:
-                    _check_outcome(delivery)
-                await call.done.wait()
+            if settled and self.sender.has_credit(presume):
+                await self._send_then_wait(call, message, presume)
+            else:  # the request may wait for credit (or its outcome): under a cancel scope
+                call.scope = trio.CancelScope(deadline=deadline_at)
+                with call.scope:
+                    delivery = await self.sender.send(
+                        message, wait=not settled, presume_credit=presume
+                    )
+                    if not settled:
+                        _check_outcome(delivery)
+                    await call.done.wait()
         finally:
             self.calls.pop(message_id, None)
         if call.reply is not None:
@@ -266,6 +285,20 @@ class _Pair:
         self.log.debug("call.timeout", correlation_id=message_id, operation=operation)
         raise TimeoutError(f"{self.address}.{operation}: no reply within the deadline")
 
+    async def _send_then_wait(self, call: _Call, message: bytes, presume: bool) -> None:
+        """The common case: the request leaves at once, pre-settled, so only the reply is
+        waited for, and ``Timeouts`` bounds that wait (no cancel scope to enter and leave)."""
+        await self.sender.send(message, wait=False, presume_credit=presume)  # no wait inside
+        if math.isinf(call.deadline):
+            await call.done.wait()
+            return
+        timeouts = self.conn.client.timeouts
+        timeouts.add(call)
+        try:
+            await call.done.wait()
+        finally:
+            timeouts.discard(call)
+
     def on_reply(self, message: Message) -> None:
         if not self.verified:
             self.check_answer()
@@ -274,6 +307,9 @@ class _Pair:
         props = message.properties
         correlation_id = props.correlation_id if props is not None else None
         call = self.calls.pop(correlation_id, None)
+        if call is not None and trio.current_time() >= call.deadline:
+            call.expire()  # due, though Timeouts has not woken it yet: the deadline wins
+            call = None
         if call is None:  # its caller timed out or was cancelled: nobody waits for it
             self.conn.client.late_replies += 1
             self.log.debug("call.late_reply", correlation_id=correlation_id)
@@ -295,8 +331,7 @@ class _Pair:
         if self.calls:
             self.log.info("pair.lost", in_flight=len(self.calls), error=str(error))
         for call in self.calls.values():
-            call.error = error
-            call.scope.cancel()
+            call.end(error)
         self.ready.set()
         for half in (self.sender, self.receiver):
             half.attached.set()  # ends watch()
@@ -387,6 +422,8 @@ class Client:
         self._config = {**config, "desired_capabilities": desired}
         self._nursery = nursery
         self._ids = itertools.count(1)
+        self.timeouts = Timeouts()
+        nursery.start_soon(self.timeouts.run)
         self._conn: _Connection | None = None
         self._reconnect_lock = trio.Lock()
         self._failures = 0

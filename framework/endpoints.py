@@ -81,10 +81,16 @@ class Sender(Endpoint):
         self._turns: deque[trio.Event] = deque()
         self._woken = 0  # waiters woken for credit that have not sent yet
 
+    def has_credit(self, presume_credit: bool = False) -> bool:
+        """Whether ``send`` would find its credit at once, without waiting."""
+        if presume_credit and self.link.remote_attach is None:
+            return True
+        return not self._turns and self.link.link_credit > self._woken
+
     async def take_credit(self) -> None:
         """Wait, first come first served, until one unit of credit is ours."""
         self.check_usable()
-        if not self._turns and self.link.link_credit > self._woken:
+        if self.has_credit():
             return
         turn = trio.Event()
         self._turns.append(turn)

@@ -49,3 +49,9 @@ class RemoteError(PairlinkError):
         self.status = status
         self.type = type
         self.message = message
+
+
+class RemoteTimeoutError(RemoteError, TimeoutError):
+    """The service answered 408: the call's deadline passed before it could run. It is a
+    ``TimeoutError`` too, so one ``except TimeoutError`` catches a deadline missed on either
+    side (the service's answer can beat the caller's own timer by a hair)."""

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 
-from framework.amqp.messaging import Message, Properties
+from framework.amqp.messaging import BodyKind, Message, Properties
 from framework.amqp.types import Symbol
 
 MSGPACK = "application/msgpack"
@@ -114,16 +114,30 @@ def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str
         args, kwargs = [], {}
     else:
         args, kwargs = [value], {}
+    if not kwargs:  # the usual call: positional arguments only
+        return list(args), {}
     if not all(isinstance(k, str) for k in kwargs):
         raise PayloadError("keyword argument names must be strings")
     return list(args), {str(k): v for k, v in kwargs.items()}
 
 
+_CONTENT_TYPES = {e: Symbol(e.value) for e in Encoding}
+
+
 def set_body(message: Message, value: Any, encoding: Encoding) -> None:
     """Put ``value`` in ``message`` in ``encoding``, with the matching content-type."""
+    message.body, message.body_kind, content_type = encoded_body(value, encoding)
+    if content_type is not None:
+        if message.properties is None:
+            message.properties = Properties()
+        message.properties.content_type = content_type
+
+
+def encoded_body(value: Any, encoding: Encoding) -> tuple[Any, BodyKind, Symbol | None]:
+    """What ``value`` becomes in ``encoding``: the body, its kind and its content-type (none
+    for an amqp-value)."""
     if encoding is Encoding.AMQP_VALUE:
-        message.body, message.body_kind = value, "value"
-        return
+        return value, "value", None
     if encoding is Encoding.JSON:
         try:
             data = json.dumps(value, separators=(",", ":")).encode()
@@ -135,10 +149,7 @@ def set_body(message: Message, value: Any, encoding: Encoding) -> None:
         data = bytes(value)
     else:
         data = _msgpack_dumps(value)
-    message.body, message.body_kind = data, "data"
-    if message.properties is None:
-        message.properties = Properties()
-    message.properties.content_type = Symbol(encoding.value)
+    return data, "data", _CONTENT_TYPES[encoding]
 
 
 def reply_encoding(request_encoding: Encoding) -> Encoding:

@@ -11,16 +11,19 @@ the tests share one definition without a clock.
 from __future__ import annotations
 
 import datetime
+import functools
 from typing import Any
 
 import attrs
 
-from framework.amqp.messaging import Header, Message, Properties
-from framework.errors import RemoteError
+from framework.amqp.codec import encode, encode_into
+from framework.amqp.messaging import ApplicationProperties, Header, Message, Properties
+from framework.errors import RemoteError, RemoteTimeoutError
 from framework.payload import (
     Encoding,
     PayloadError,
     decode_value,
+    encoded_body,
     reply_encoding,
     set_body,
     split_arguments,
@@ -81,27 +84,68 @@ def request_message(
     encoding: Encoding = Encoding.ENVELOPE,
 ) -> Message:
     """A request for ``operation``; ``timeout`` seconds from ``now`` become its deadline."""
-    properties = Properties(message_id=message_id, reply_to=reply_to)
-    header = None
-    if timeout is not None:
-        header = Header(ttl=max(1, int(timeout * 1000)))
-        properties.absolute_expiry_time = _EPOCH + datetime.timedelta(seconds=now + timeout)
+    header, properties = _request_head(message_id, now, timeout, reply_to)
     message = Message(
         header=header,
         properties=properties,
         application_properties={OPERATION: operation},
     )
-    value: Any
-    if encoding is Encoding.ENVELOPE:
-        value = [list(args), kwargs]
-    elif kwargs and args:
-        raise PayloadError(f"{encoding.name} carries positional or keyword arguments, not both")
-    elif kwargs:
-        value = kwargs
-    else:
-        value = list(args)
-    set_body(message, value, encoding)
+    set_body(message, _request_value(args, kwargs, encoding), encoding)
     return message
+
+
+def encode_request(
+    operation: str,
+    args: tuple[Any, ...] | list[Any],
+    kwargs: dict[str, Any],
+    *,
+    message_id: Any,
+    now: float,
+    timeout: float | None = None,
+    reply_to: str | None = ME,
+    encoding: Encoding = Encoding.ENVELOPE,
+) -> bytes:
+    """The bytes of ``request_message(...)`` (same arguments), written without building the
+    message: what the client sends for every call, so its constant application-properties
+    section is encoded once per operation name."""
+    body, kind, content_type = encoded_body(_request_value(args, kwargs, encoding), encoding)
+    header, properties = _request_head(message_id, now, timeout, reply_to)
+    properties.content_type = content_type
+    out = bytearray()
+    if header is not None:
+        encode_into(header, out)
+    encode_into(properties, out)
+    out += _operation_section(operation)
+    out += Message(body, kind).encode()
+    return bytes(out)
+
+
+def _request_head(
+    message_id: Any, now: float, timeout: float | None, reply_to: str | None
+) -> tuple[Header | None, Properties]:
+    properties = Properties(message_id=message_id, reply_to=reply_to)
+    header = None
+    if timeout is not None:
+        header = Header(ttl=max(1, int(timeout * 1000)))
+        properties.absolute_expiry_time = _EPOCH + datetime.timedelta(seconds=now + timeout)
+    return header, properties
+
+
+def _request_value(
+    args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], encoding: Encoding
+) -> Any:
+    if encoding is Encoding.ENVELOPE:
+        return [list(args), kwargs]
+    if kwargs and args:
+        raise PayloadError(f"{encoding.name} carries positional or keyword arguments, not both")
+    if kwargs:
+        return kwargs
+    return list(args)
+
+
+@functools.lru_cache(maxsize=256)
+def _operation_section(operation: str) -> bytes:
+    return encode(ApplicationProperties({OPERATION: operation}))
 
 
 def parse_request(message: Message, *, now: float) -> Request:
@@ -148,6 +192,22 @@ def reply_message(request: Request, value: Any, *, to: str | None) -> Message:
     return message
 
 
+_OK_STATUS = encode(ApplicationProperties({STATUS_CODE: OK, STATUS_DESCRIPTION: "OK"}))
+
+
+def encode_reply(request: Request, value: Any, *, to: str | None) -> bytes:
+    """The bytes of ``reply_message(request, value, to=to)``, written without building the
+    message: the service sends one for every call, and the status section of every success
+    is the same bytes, encoded once here."""
+    body, kind, content_type = encoded_body(value, reply_encoding(request.encoding))
+    properties = Properties(correlation_id=request.message_id, to=to, content_type=content_type)
+    out = bytearray()
+    encode_into(properties, out)
+    out += _OK_STATUS
+    out += Message(body, kind).encode()
+    return bytes(out)
+
+
 def error_message(
     request: Request,
     status: int,
@@ -174,7 +234,7 @@ def parse_reply(message: Message) -> Any:
     if status != OK:
         description = app.get(STATUS_DESCRIPTION)
         error_type = app.get(ERROR_TYPE)
-        raise RemoteError(
+        raise (RemoteTimeoutError if status == TIMEOUT else RemoteError)(
             status,
             str(description) if description is not None else "",
             None if error_type is None else str(error_type),

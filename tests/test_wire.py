@@ -20,7 +20,11 @@ from framework.wire import (
     ME,
     OPERATION,
     STATUS_CODE,
+    TIMEOUT,
     CallError,
+    Request,
+    encode_reply,
+    encode_request,
     error_message,
     parse_reply,
     parse_request,
@@ -153,6 +157,16 @@ def test_error_reply_raises_remote_error_with_type_status_and_message() -> None:
     assert (exc.value.status, exc.value.type, exc.value.message) == (500, "ValueError", "boom")
 
 
+def test_a_408_reply_is_both_a_remote_error_and_a_timeout() -> None:
+    request = parse_request(
+        roundtrip(request_message("op", (), {}, message_id=6, now=NOW)), now=NOW
+    )
+    reply = roundtrip(error_message(request, TIMEOUT, "deadline passed", to=ME))
+    with pytest.raises(TimeoutError) as exc:
+        parse_reply(reply)
+    assert isinstance(exc.value, RemoteError) and exc.value.status == TIMEOUT
+
+
 def test_envelope_request_gets_a_plain_msgpack_reply() -> None:
     request = parse_request(
         roundtrip(request_message("op", (b"\x00", "s"), {}, message_id=1, now=NOW)), now=NOW
@@ -175,3 +189,56 @@ def test_encodings_that_cannot_carry_both_kinds_of_arguments_say_so() -> None:
 def test_decode_value_of_a_multi_section_sequence_body() -> None:
     msg = Message(body=[[1, 2], [3]], body_kind="sequence")
     assert decode_value(roundtrip(msg)) == ([1, 2, 3], Encoding.AMQP_VALUE)
+
+
+@pytest.mark.parametrize(
+    ("encoding", "args", "kwargs"),
+    [
+        (Encoding.ENVELOPE, ("x", b"\x00"), {"k": [1]}),
+        (Encoding.MSGPACK, (1, 2), {}),
+        (Encoding.JSON, (), {"a": 1}),
+        (Encoding.AMQP_VALUE, ([1], {"m": None}), {}),
+    ],
+)
+@pytest.mark.parametrize("timeout", [None, 2.5])
+def test_encode_request_writes_the_bytes_of_request_message(
+    encoding: Encoding, args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None
+) -> None:
+    """The client's fast path (no Message built, the operation's section cached) must say
+    exactly what ``request_message`` says."""
+    for operation, message_id in (("op", 7), ("op", "id-2"), ("other", 2**40)):
+        options: Any = {"message_id": message_id, "now": NOW, "timeout": timeout}
+        expected = request_message(operation, args, kwargs, encoding=encoding, **options)
+        assert encode_request(operation, args, kwargs, encoding=encoding, **options) == (
+            expected.encode()
+        )
+
+
+@pytest.mark.parametrize(
+    ("encoding", "value"),
+    [
+        (Encoding.ENVELOPE, {"ok": [1, "two"]}),
+        (Encoding.MSGPACK, b"\x00bytes"),
+        (Encoding.JSON, {"a": [1]}),
+        (Encoding.AMQP_VALUE, None),
+        (Encoding.RAW, b"raw"),
+    ],
+)
+@pytest.mark.parametrize("to", [ME, None])
+def test_encode_reply_writes_the_bytes_of_reply_message(
+    encoding: Encoding, value: Any, to: str | None
+) -> None:
+    """The service's fast path (the success status encoded once) must say exactly what
+    ``reply_message`` says, in every encoding a request can come in."""
+    request = Request("op", [], {}, 3, ME, encoding, None, Message())
+    assert encode_reply(request, value, to=to) == reply_message(request, value, to=to).encode()
+
+
+def test_the_fast_paths_refuse_what_the_messages_refuse() -> None:
+    raw = Request("op", [], {}, 3, ME, Encoding.RAW, None, Message())
+    with pytest.raises(PayloadError):
+        encode_reply(raw, "not bytes", to=ME)
+    with pytest.raises(PayloadError):
+        encode_request("op", (b"x",), {}, message_id=1, now=NOW, encoding=Encoding.RAW)
+    with pytest.raises(PayloadError):
+        encode_request("op", (1,), {"a": 2}, message_id=1, now=NOW, encoding=Encoding.JSON)

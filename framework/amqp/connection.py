@@ -161,6 +161,11 @@ class Connection:
 
     # -- output ----------------------------------------------------------------------------
 
+    @property
+    def has_output(self) -> bool:
+        """Whether ``data_to_send`` has anything (frames, or dispositions still to write)."""
+        return bool(self._out) or bool(self._dirty_sessions)
+
     def data_to_send(self) -> bytes:
         """Every byte queued so far, in order; empty when there is nothing to write."""
         for session in self._dirty_sessions:

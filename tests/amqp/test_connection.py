@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from framework.amqp import errors
+from framework.amqp.codec import encode
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.errors import LocalProtocolError
 from framework.amqp.events import (
@@ -42,6 +43,7 @@ from framework.amqp.performatives import (
     Transfer,
 )
 from framework.amqp.sasl import SaslClient, SaslServer
+from framework.amqp.session import TRANSFER_BOUND
 from framework.testing import engine_pair, pump, sasl_engine_pair
 
 
@@ -189,6 +191,36 @@ def test_large_message_is_split_by_peer_max_frame_size_and_reassembled() -> None
     events = server.receive_data(data)
     (msg,) = of(events, MessageReceived)
     assert msg.payload == payload
+
+
+def test_no_first_transfer_outgrows_the_bound_that_skips_measuring_it() -> None:
+    """Session.send puts a message in one frame unmeasured when it fits with TRANSFER_BOUND
+    bytes (plus the tag) to spare: the widest first transfer must not need more."""
+    tag = b"t" * 32  # the longest delivery-tag the spec allows
+    widest = Transfer(
+        handle=2**32 - 1,
+        delivery_id=2**32 - 1,
+        delivery_tag=tag,
+        message_format=2**32 - 1,
+        settled=True,
+        more=True,
+    )
+    assert len(encode(widest)) <= TRANSFER_BOUND + len(tag)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_a_message_that_just_fits_the_frame_is_not_split(extra: int) -> None:
+    client, server = opened_pair(max_frame_size=512)
+    sender, _receiver = linked(client, server)
+    client.send(sender, b"x")  # delivery-id 0 takes a byte less than those that follow
+    client.data_to_send()
+    client.send(sender, b"x")
+    overhead = len(client.data_to_send()) - 1  # frame header and transfer, with a 1-byte tag
+    size = 512 - overhead - 1 + extra  # the room is measured with `more` set (one byte)
+    client.send(sender, b"y" * size)
+    data = client.data_to_send()
+    assert len(frames(data)) == 1 + extra
+    assert [m.payload for m in of(server.receive_data(data), MessageReceived)] == [b"y" * size]
 
 
 def test_dispositions_coalesce_into_ranges_and_reach_the_sender() -> None:
