@@ -36,10 +36,9 @@ BIG = 1 << 20
 COUNT = 1000
 BIG_INDEX = 500
 
-needs_plain_server = pytest.mark.skipif(
-    sasl_plain_server_available() is not None,
-    reason=f"Proton cannot serve SASL PLAIN here: {sasl_plain_server_available()}",
-)
+_NO_PLAIN = sasl_plain_server_available()
+_WHY = f"Proton cannot serve SASL PLAIN here: {_NO_PLAIN}"
+needs_plain_server = pytest.mark.skipif(_NO_PLAIN is not None, reason=_WHY)
 
 
 def our_messages(count: int = COUNT) -> list[Message]:
