@@ -92,6 +92,8 @@ _T = TypeVar("_T")
 
 _CLASSES: dict[Any, type] = {}
 """Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
+_VALUE_DEC: dict[type, ClassDecoder] = {}
+"""Value-only decoders of the ``@restricted`` classes (see ``value_decoder``)."""
 
 
 def _e_message_id(v: Any, out: bytearray) -> None:
@@ -342,14 +344,32 @@ def restricted(*, code: int, name: str, source: str) -> Callable[[type[_T]], typ
             else:
                 value_enc(v, out)
 
+        def value_dec(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+            return table[code](buf, off, depth)
+
         def dec(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
             v, off = table[code](buf, off, depth)
             return new_cls(v), off
 
         _register(new_cls, enc, dec)
+        _VALUE_DEC[new_cls] = value_dec
         return new_cls
 
     return decorate
+
+
+def class_decoder(cls: type) -> ClassDecoder:
+    """The decoder registered for a described class (format code, buffer, offset, depth)."""
+    return _CLASS_DEC[cls.__amqp_descriptor__[0]]  # type: ignore[attr-defined]
+
+
+def value_decoder(cls: type) -> ClassDecoder:
+    """The decoder of a ``@restricted`` class's value alone, without the instance around it.
+
+    For a caller that only wants the value (``Message.decode`` keeps a data section's bytes,
+    not a ``Data``): same checks and errors as the class decoder, one object fewer.
+    """
+    return _VALUE_DEC[cls]
 
 
 def registered_class(descriptor: int | str) -> type | None:

@@ -16,8 +16,14 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
-from framework.amqp.codec import decode_from, encode_into
-from framework.amqp.described import composite, restricted
+from framework.amqp.codec import (
+    DECODE_FAULTS,
+    ClassDecoder,
+    as_decode_error,
+    decode_from,
+    encode_into,
+)
+from framework.amqp.described import class_decoder, composite, restricted, value_decoder
 from framework.amqp.errors import DecodeError
 from framework.amqp.types import Symbol, amqp_field
 
@@ -301,9 +307,7 @@ _RANK_BY_CODE: dict[int, int] = {
     c.__amqp_descriptor__[0]: r  # type: ignore[attr-defined]
     for c, r in _RANK.items()
 }
-_REPEATABLE = (Data, AmqpSequence)
 _REPEATABLE_CODES = (0x75, 0x76)
-_BODY_KIND: dict[type, BodyKind] = {Data: "data", AmqpSequence: "sequence", AmqpValue: "value"}
 
 
 def _out_of_order(name: str) -> DecodeError:
@@ -376,45 +380,77 @@ class Message:
         """Parse a whole transfer payload; ``DecodeError`` on junk, bad order or mixed bodies.
 
         A message without a body section (Proton writes those) decodes with ``body=None``.
+
+        A section under the usual ``0x00 0x53 code`` descriptor is decoded here by its own
+        decoder (``_SECTION_DEC``) rather than through ``decode_from``: that skips the generic
+        descriptor dispatch and, for the map/binary/value sections, the wrapper object that
+        would only be unwrapped again. Anything else takes the general path; both raise the
+        same errors for the same bytes.
         """
         msg = cls()
         end = len(payload)
         pos = 0
         last = -1
-        body_type: type | None = None
+        body_code = -1
         chunks: list[Any] = []
-        rank_of = _RANK
-        while pos < end:
-            section, pos = decode_from(payload, pos)
-            tp = type(section)
-            rank = rank_of.get(tp)
-            if rank is None:
-                raise DecodeError(f"not a message section: {tp.__name__}")
-            if rank <= last and (tp is not body_type or tp not in _REPEATABLE):
-                raise _out_of_order(tp.__name__)
-            last = rank
-            if rank == _BODY:
-                body_type = tp
-                chunks.append(section.value)
-            elif rank == _HEADER:
-                msg.header = section
-            elif rank == _PROPS:
-                msg.properties = section
-            elif rank == _APP:
-                msg.application_properties = section.value
-            elif rank == _MA:
-                msg.message_annotations = section.value
-            elif rank == _DA:
-                msg.delivery_annotations = section.value
-            else:
-                msg.footer = section.value
-        if body_type is not None:
-            kind = msg.body_kind = _BODY_KIND[body_type]
+        fast = _SECTION_DEC
+        try:
+            while pos < end:
+                if payload[pos] == 0 and payload[pos + 1] == 0x53 and payload[pos + 2] in fast:
+                    code = payload[pos + 2]
+                    rank, dec = fast[code]
+                    value, pos = dec(payload[pos + 3], payload, pos + 4, 1)
+                else:
+                    section, pos = decode_from(payload, pos)
+                    tp = type(section)
+                    rank = _RANK.get(tp, -1)
+                    if rank < 0:
+                        raise DecodeError(f"not a message section: {tp.__name__}")
+                    code = tp.__amqp_descriptor__[0]
+                    value = section if rank in (_HEADER, _PROPS) else section.value
+                if rank <= last and (code != body_code or code not in _REPEATABLE_CODES):
+                    raise _out_of_order(_NAME_BY_CODE[code])
+                last = rank
+                if rank == _BODY:
+                    body_code = code
+                    chunks.append(value)
+                elif rank == _HEADER:
+                    msg.header = value
+                elif rank == _PROPS:
+                    msg.properties = value
+                elif rank == _APP:
+                    msg.application_properties = value
+                elif rank == _MA:
+                    msg.message_annotations = value
+                elif rank == _DA:
+                    msg.delivery_annotations = value
+                else:
+                    msg.footer = value
+        except DECODE_FAULTS as exc:
+            raise as_decode_error(exc) from None
+        if body_code >= 0:
+            kind = msg.body_kind = _BODY_KIND_BY_CODE[body_code]
             if kind == "sequence" or len(chunks) > 1:
                 msg.body = chunks
             else:
                 msg.body = chunks[0]
         return msg
+
+
+# Per section descriptor code: its rank and the decoder of what ``Message`` keeps of it (the
+# ``Header``/``Properties`` instance; the value alone of the other, restricted, sections).
+_SECTION_DEC: dict[int, tuple[int, ClassDecoder]] = {
+    c.__amqp_descriptor__[0]: (  # type: ignore[attr-defined]
+        r,
+        class_decoder(c) if r in (_HEADER, _PROPS) else value_decoder(c),
+    )
+    for c, r in _RANK.items()
+}
+_NAME_BY_CODE: dict[int, str] = {
+    c.__amqp_descriptor__[0]: c.__name__  # type: ignore[attr-defined]
+    for c in _RANK
+}
+_BODY_KIND_BY_CODE: dict[int, BodyKind] = {0x75: "data", 0x76: "sequence", 0x77: "value"}
 
 
 # Constructors whose encoding states its own length, so a section can be stepped over without

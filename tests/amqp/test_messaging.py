@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp.codec import encode
+from framework.amqp import messaging
+from framework.amqp.codec import MAX_DEPTH, encode
 from framework.amqp.errors import DecodeError
 from framework.amqp.messaging import (
     AmqpSequence,
@@ -173,6 +174,67 @@ def test_junk(payload: bytes) -> None:
 def test_repeated_body_sections_are_fine() -> None:
     assert Message.decode(H + D + D + D + F).body == [b"d", b"d", b"d"]
     assert Message.decode(SQ + SQ).body == [[1], [1]]
+
+
+def _outcome(payload: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", Message.decode(payload)
+    except DecodeError as exc:
+        return type(exc).__name__, str(exc)
+
+
+# A request as pairlink sends it, and one with every section kind and every property set.
+_SHAPES = [
+    encode(HEADER) + P + encode(ApplicationProperties({"operation": "echo"}))
+    + encode(Data(bytes(range(64)))),
+    Message(body=[b"a", b"b"], body_kind="data", **ANNOTATED).encode(),
+    Message(body={"k": [1, 2.5]}, **ANNOTATED).encode(),
+    Message(body=[[1], ["x"]], body_kind="sequence", properties=PROPS).encode(),
+]  # fmt: skip
+
+
+def _variants(payload: bytes) -> list[bytes]:
+    """Every truncation and many one-byte corruptions of ``payload``."""
+    out = [payload[:i] for i in range(len(payload) + 1)] + [payload + b"\x00", payload + V]
+    for i, b in enumerate(payload):
+        for new in {0x00, 0x40, 0x45, 0x53, 0x70, 0x75, 0x77, 0xA1, 0xC1, 0xFF, b ^ 1, b + 1 & 255}:
+            out.append(payload[:i] + bytes([new]) + payload[i + 1 :])
+    return out
+
+
+@pytest.mark.parametrize("shape", range(len(_SHAPES)))
+def test_section_fast_path_matches_general_path(shape: int, monkeypatch: Any) -> None:
+    # Message.decode decodes ``0x00 0x53 code`` sections itself; without its table every
+    # section goes through decode_from. Same bytes, same message or same error, either way.
+    variants = _variants(_SHAPES[shape])
+    fast = [_outcome(v) for v in variants]
+    monkeypatch.setattr(messaging, "_SECTION_DEC", {})
+    general = [_outcome(v) for v in variants]
+    assert fast == general
+    assert sum(kind == "ok" for kind, _ in fast) > len(_SHAPES[shape]) // 4  # not all junk
+
+
+@pytest.mark.parametrize("levels", [MAX_DEPTH - 2, MAX_DEPTH - 1, MAX_DEPTH])
+def test_section_fast_path_counts_nesting_like_the_general_path(
+    levels: int, monkeypatch: Any
+) -> None:
+    nested: list[Any] = []
+    for _ in range(levels):
+        nested = [nested]
+    payload = encode(AmqpValue(nested))
+    fast = _outcome(payload)
+    monkeypatch.setattr(messaging, "_SECTION_DEC", {})
+    assert fast == _outcome(payload)
+    assert (fast[0] == "ok") == (levels < MAX_DEPTH)
+
+
+def test_long_and_symbolic_descriptors_decode_as_the_short_ones() -> None:
+    # The general path: section descriptors written as a full ulong or as the symbolic name.
+    long_form = b"".join(s[:1] + b"\x80" + bytes(7) + s[2:3] + s[3:] for s in (H, P, AP, D, F))
+    name = Data.__amqp_descriptor__[1].encode()  # type: ignore[attr-defined]
+    symbolic = b"\x00\xa3" + bytes([len(name)]) + name + D[3:]
+    assert Message.decode(long_form) == Message.decode(H + P + AP + D + F)
+    assert Message.decode(symbolic) == Message.decode(D)
 
 
 # ------------------------------------------------------------------------ bare message span
