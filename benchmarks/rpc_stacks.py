@@ -283,9 +283,13 @@ def _check(reply: Any) -> None:
         raise AssertionError(f"wrong echo: {reply!r}")
 
 
-async def _trio_phases(phases: Phases, call: Callable[[], Awaitable[Any]]) -> None:
-    import trio
-
+async def _phases(
+    phases: Phases,
+    call: Callable[[], Awaitable[Any]],
+    run_all: Callable[[list[Callable[[], Awaitable[None]]]], Awaitable[None]],
+) -> None:
+    """Warm-up, the pipelined phase (``plan.inflight`` workers, run concurrently by the
+    event loop's own ``run_all``) and the sequential phase, the same for every async stack."""
     plan = phases.plan
 
     async def pipelined(seconds: float) -> tuple[int, float]:
@@ -299,9 +303,7 @@ async def _trio_phases(phases: Phases, call: Callable[[], Awaitable[Any]]) -> No
                 _check(await call())
                 done += 1
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(plan.inflight):
-                nursery.start_soon(worker)
+        await run_all([worker] * plan.inflight)
         return done, time.perf_counter() - start
 
     await pipelined(plan.warmup)
@@ -318,6 +320,20 @@ async def _trio_phases(phases: Phases, call: Callable[[], Awaitable[Any]]) -> No
     phases.finish()
 
 
+async def _trio_run_all(workers: list[Callable[[], Awaitable[None]]]) -> None:
+    import trio
+
+    async with trio.open_nursery() as nursery:
+        for worker in workers:
+            nursery.start_soon(worker)
+
+
+async def _asyncio_run_all(workers: list[Callable[[], Awaitable[None]]]) -> None:
+    import asyncio
+
+    await asyncio.gather(*(worker() for worker in workers))
+
+
 def client_pairlink(phases: Phases, port: int) -> None:
     import trio
 
@@ -326,7 +342,7 @@ def client_pairlink(phases: Phases, port: int) -> None:
     async def main() -> None:
         async with connect(f"amqp://127.0.0.1:{port}") as conn:
             echo = await conn.service("echo")
-            await _trio_phases(phases, functools.partial(echo.echo, PAYLOAD))
+            await _phases(phases, functools.partial(echo.echo, PAYLOAD), _trio_run_all)
 
     trio.run(main)
 
@@ -339,42 +355,9 @@ def client_grpc(phases: Phases, port: int) -> None:
     async def main() -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = channel.unary_unary(GRPC_METHOD)
-            await _asyncio_phases(phases, functools.partial(stub, PAYLOAD))
+            await _phases(phases, functools.partial(stub, PAYLOAD), _asyncio_run_all)
 
     asyncio.run(main())
-
-
-async def _asyncio_phases(phases: Phases, call: Callable[[], Awaitable[Any]]) -> None:
-    import asyncio
-
-    plan = phases.plan
-
-    async def pipelined(seconds: float) -> tuple[int, float]:
-        done = 0
-        start = time.perf_counter()
-        deadline = start + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < deadline:
-                _check(await call())
-                done += 1
-
-        await asyncio.gather(*(worker() for _ in range(plan.inflight)))
-        return done, time.perf_counter() - start
-
-    await pipelined(plan.warmup)
-    phases.begin("throughput")
-    phases.end("throughput", *await pipelined(plan.duration), None)
-    phases.begin("latency")
-    latencies = []
-    start = time.perf_counter()
-    for _ in range(plan.latency_calls):
-        t0 = time.perf_counter_ns()
-        _check(await call())
-        latencies.append(time.perf_counter_ns() - t0)
-    phases.end("latency", plan.latency_calls, time.perf_counter() - start, latencies)
-    phases.finish()
 
 
 def client_proton(phases: Phases, port: int) -> None:

@@ -138,25 +138,12 @@ class Connection:
     # -- state the layers above read -------------------------------------------------------
 
     @property
-    def is_open(self) -> bool:
-        return self.remote_open is not None and self._open_sent and not self.closed
-
-    @property
     def closed(self) -> bool:
         return self._close_sent or self._close_received or self._input is _Input.DONE
 
     @property
-    def peer_max_frame_size(self) -> int:
-        return self._peer_max_frame
-
-    @property
     def remote_offered_capabilities(self) -> list[str]:
         caps = self.remote_open.offered_capabilities if self.remote_open else None
-        return [str(c) for c in caps or ()]
-
-    @property
-    def remote_desired_capabilities(self) -> list[str]:
-        caps = self.remote_open.desired_capabilities if self.remote_open else None
         return [str(c) for c in caps or ()]
 
     # -- output ----------------------------------------------------------------------------
@@ -168,9 +155,7 @@ class Connection:
 
     def data_to_send(self) -> bytes:
         """Every byte queued so far, in order; empty when there is nothing to write."""
-        for session in self._dirty_sessions:
-            session.flush_dispositions()
-        self._dirty_sessions.clear()
+        self._flush_all_dispositions()
         if not self._out:
             return b""
         data = bytes(self._out)

@@ -90,7 +90,6 @@ class Link:
     link_credit: int = 0
     available: int = 0
     drain: bool = False
-    echo_requested: bool = False
     # receiver side reassembly of a multi-frame delivery
     _partial: Delivery | None = None
     _partial_chunks: list[bytes] = attrs.field(factory=list)

@@ -161,7 +161,6 @@ class Session:
             if link.state is not LinkState.DETACH_SENT:
                 link.apply_remote_flow(flow.delivery_count, flow.link_credit or 0)
                 link.drain = bool(flow.drain)
-                link.echo_requested = bool(flow.echo)
                 if flow.available is not None:
                     link.available = flow.available
         self._unblock()
@@ -227,11 +226,6 @@ class Session:
     def _unblock(self) -> None:
         while self._blocked and self.remote_incoming_window > 0:
             self._write_transfer(*self._blocked.popleft())
-
-    @property
-    def blocked_frames(self) -> int:
-        """Transfer frames waiting for the peer to open its incoming window."""
-        return len(self._blocked)
 
     # -- incoming transfers ----------------------------------------------------------------
 
