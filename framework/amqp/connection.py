@@ -681,6 +681,13 @@ class Connection:
             raise RemoteProtocolError(errors.NOT_ALLOWED, f"handle {perf.handle} > handle-max")
         our_role = not perf.role
         link = session.names.get((perf.name, our_role))
+        if link is not None and link.state is LinkState.DETACH_SENT and link.remote_attach is None:
+            # we detached before the peer's answer came: the frames crossed, which is legal;
+            # its detach follows and ends the link
+            link.remote_attach = perf
+            link.remote_handle = perf.handle
+            session.remote_links[perf.handle] = link
+            return
         if link is not None and link.state is not LinkState.ATTACH_SENT:
             raise RemoteProtocolError(
                 errors.ILLEGAL_STATE, f"link {perf.name!r} is already attached"

@@ -245,8 +245,6 @@ class Session:
             raise errors.RemoteProtocolError(
                 errors.ILLEGAL_STATE, f"transfer on {link.name!r}, where the peer is receiver"
             )
-        if link.state is LinkState.DETACH_SENT:
-            return link, None  # we detached it; frames still in flight are dropped
         delivery_id = transfer.delivery_id
         if delivery_id is None and self._incoming_delivery_id is not None:
             delivery_id = self._incoming_delivery_id
@@ -256,7 +254,10 @@ class Session:
                 raise errors.RemoteProtocolError(
                     errors.INVALID_FIELD, f"delivery-id {delivery_id}, expected {expected}"
                 )
-        done = link.receive_transfer(transfer, payload, delivery_id)
+        # frames still in flight on a link we detached are dropped, but their delivery ids
+        # count: the peer numbers its deliveries per session, whatever became of the link
+        dropped = link.state is LinkState.DETACH_SENT
+        done = None if dropped else link.receive_transfer(transfer, payload, delivery_id)
         if transfer.more and not transfer.aborted:
             self._incoming_delivery_id = delivery_id
         else:

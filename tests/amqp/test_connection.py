@@ -357,6 +357,51 @@ def test_refused_pipelined_attach_reports_null_terminus_then_detach() -> None:
     assert detached.error.condition == errors.NOT_FOUND
 
 
+def test_a_transfer_dropped_on_a_refused_link_still_counts_its_delivery_id() -> None:
+    """The peer numbers deliveries per session: one in flight on a link we refused (a
+    pipelined request, LP-10) is dropped, and the next delivery is numbered after it."""
+    client, server = opened_pair()
+    good, _ = linked(client, server)  # a link that works, and has carried delivery 0
+
+    def deliver() -> list[MessageReceived]:
+        client.send(good, b"\x00Sw\x40")
+        events = server.receive_data(client.data_to_send())
+        assert not of(events, ProtocolViolation)
+        return of(events, MessageReceived)
+
+    assert [e.delivery.delivery_id for e in deliver()] == [0]
+    doomed = client.attach(
+        good.session, name="x", role=ROLE_SENDER, source=Source("a"), target=Target("nowhere")
+    )
+    client.send(doomed, b"\x00Sw\x40", presume_credit=True)  # delivery 1
+    (req,) = of(server.receive_data(client.data_to_send()), LinkAttachRequested)
+    server.refuse_attach(req.link, Error(condition=errors.NOT_FOUND))
+    assert server.receive_data(b"") == []  # dropped, but counted
+    client.receive_data(server.data_to_send())
+    assert [e.delivery.delivery_id for e in deliver()] == [2]
+
+
+def test_detaching_before_the_answer_came_is_legal_when_the_frames_cross() -> None:
+    """We detach a link whose attach the peer has not answered yet; the peer's attach (and
+    then its detach) cross ours on the wire. The late attach is no protocol error."""
+    client, server = opened_pair()
+    session = client.begin()
+    sender = client.attach(
+        session, name="x", role=ROLE_SENDER, source=Source(address="a"), target=Target("b")
+    )
+    (req,) = of(server.receive_data(client.data_to_send()), LinkAttachRequested)
+    server.refuse_attach(req.link, Error(condition=errors.NOT_FOUND, description="no node"))
+    answer = server.data_to_send()  # in flight while the client detaches
+    client.detach(sender, closed=True)
+    events = client.receive_data(answer)
+    assert not of(events, ProtocolViolation) and not client.closed
+    (detached,) = of(events, LinkDetached)
+    assert detached.link is sender and not detached.by_peer
+    events_s = server.receive_data(client.data_to_send())
+    assert not of(events_s, ProtocolViolation) and not server.closed
+    assert not session.links  # nothing of the link is left on either side
+
+
 # -- SASL ------------------------------------------------------------------------------------
 
 
