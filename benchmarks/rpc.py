@@ -75,11 +75,13 @@ def _child_setup(cpu: int | None) -> None:  # runs in the child between fork and
 class Child:
     """One benchmark process: JSON lines to its stdin, from its stdout; stderr kept in a file."""
 
-    def __init__(self, name: str, argv: list[str], *, cpu: int | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], *, cpu: int | None = None, module: str = "benchmarks.rpc"
+    ) -> None:
         self.name = name
         self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.rpc", *argv],
+            [sys.executable, "-m", module, *argv],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -155,58 +157,83 @@ def children() -> Iterator[list[Child]]:
 # One round of one stack
 
 
+def server_argv(stack: str, args: argparse.Namespace) -> list[str]:
+    return ["--child", "server", "--stack", stack, "--log-level", args.log_level]
+
+
+def client_argv(stack: str, args: argparse.Namespace) -> list[str]:
+    plan = ["--inflight", str(args.inflight), "--duration", str(args.duration)]
+    plan += ["--warmup", str(args.warmup), "--latency-calls", str(args.latency_calls)]
+    plan += ["--log-level", args.log_level, "--profile-phase", args.profile_phase]
+    return ["--child", "client", "--stack", stack, *plan]
+
+
 def run_stack(
     stack: str, args: argparse.Namespace, *, profile_dir: str | None = None, pin: bool = False
 ) -> dict[str, float]:
     """Server and client of ``stack`` in two fresh processes (``pin``: the server on CPU 0, the
     client on CPU 1); the figures of this round."""
-    plan = ["--inflight", str(args.inflight), "--duration", str(args.duration)]
-    plan += ["--warmup", str(args.warmup), "--latency-calls", str(args.latency_calls)]
-    plan += ["--log-level", args.log_level, "--profile-phase", args.profile_phase]
-    server_argv = ["--child", "server", "--stack", stack, "--log-level", args.log_level]
-    client_argv = ["--child", "client", "--stack", stack, *plan]
+    server_args, client_args = server_argv(stack, args), client_argv(stack, args)
     if profile_dir is not None:
-        server_argv += ["--profile-out", os.path.join(profile_dir, "server.prof")]
+        server_args += ["--profile-out", os.path.join(profile_dir, "server.prof")]
         if args.profile_client:
-            client_argv += ["--profile-out", os.path.join(profile_dir, "client.prof")]
-    phase_timeout = args.duration + args.warmup + args.latency_calls * 0.01 + PHASE_SLACK
-    result: dict[str, float] = {}
+            client_args += ["--profile-out", os.path.join(profile_dir, "client.prof")]
     with children() as procs:
-        server = Child(f"{stack} server", server_argv, cpu=0 if pin else None)
+        server = Child(f"{stack} server", server_args, cpu=0 if pin else None)
         procs.append(server)
         # the client starts (imports) while the server does
-        client = Child(f"{stack} client", client_argv, cpu=1 if pin else None)
+        client = Child(f"{stack} client", client_args, cpu=1 if pin else None)
         procs.append(client)
         port = server.receive(READY_TIMEOUT)["ready"]
-        client.receive(READY_TIMEOUT)  # hello
-        client.send(port=port)
-        at_mark: dict[str, Any] = {}
-        while True:
-            message = client.receive(phase_timeout)
-            if "mark" in message:
-                profile = profile_dir is not None and message["mark"] == args.profile_phase
+        return drive(client, port, {"server": server}, args, profile_dir=profile_dir)
+
+
+def drive(
+    client: Child,
+    port: int,
+    servers: dict[str, Child],
+    args: argparse.Namespace,
+    *,
+    profile_dir: str | None = None,
+) -> dict[str, float]:
+    """One round's phases: the client calls ``port``; each of ``servers`` (ready) tells its CPU
+    time around each phase. Figures: ``throughput``, ``p50``, ``p99`` and, per phase, the CPU
+    per call of each server (``{phase}.{name}_us``) and of the client."""
+    phase_timeout = args.duration + args.warmup + args.latency_calls * 0.01 + PHASE_SLACK
+    result: dict[str, float] = {}
+    client.receive(READY_TIMEOUT)  # hello
+    client.send(port=port)
+    at_mark: dict[str, dict[str, Any]] = {}
+    while True:
+        message = client.receive(phase_timeout)
+        if "mark" in message:
+            profile = profile_dir is not None and message["mark"] == args.profile_phase
+            for name, server in servers.items():
                 server.send(snap=message["mark"], profile="on" if profile else None)
-                at_mark = server.receive(READY_TIMEOUT)
-                client.send(go=True)
-            elif "done" in message:
-                phase = message["done"]
-                profile = profile_dir is not None and phase == args.profile_phase
+                at_mark[name] = server.receive(READY_TIMEOUT)
+            client.send(go=True)
+        elif "done" in message:
+            phase = message["done"]
+            profile = profile_dir is not None and phase == args.profile_phase
+            snaps = {}
+            for name, server in servers.items():
                 server.send(snap=phase, profile="off" if profile else None)
-                snap = server.receive(READY_TIMEOUT)
-                client.send(ok=True)
-                calls = message["calls"]
-                if calls <= 0:
-                    raise ChildFailed(f"{stack}: no call completed in the {phase} phase")
-                result[f"{phase}.calls"] = calls
-                result[f"{phase}.server_us"] = (snap["cpu"] - at_mark["cpu"]) / calls * 1e6
-                result[f"{phase}.client_us"] = message["cpu"] / calls * 1e6
-                if phase == "throughput":
-                    result["throughput"] = calls / message["elapsed"]
-                else:
-                    result["p50"], result["p99"] = message["p50"], message["p99"]
-            elif message.get("finished"):
-                break
-    return result
+                snaps[name] = server.receive(READY_TIMEOUT)
+            client.send(ok=True)
+            calls = message["calls"]
+            if calls <= 0:
+                raise ChildFailed(f"{client.name}: no call completed in the {phase} phase")
+            result[f"{phase}.calls"] = calls
+            for name, snap in snaps.items():
+                cpu = snap["cpu"] - at_mark[name]["cpu"]
+                result[f"{phase}.{name}_us"] = cpu / calls * 1e6
+            result[f"{phase}.client_us"] = message["cpu"] / calls * 1e6
+            if phase == "throughput":
+                result["throughput"] = calls / message["elapsed"]
+            else:
+                result["p50"], result["p99"] = message["p50"], message["p99"]
+        elif message.get("finished"):
+            return result
 
 
 # ---------------------------------------------------------------------------------------------

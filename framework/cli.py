@@ -2,7 +2,8 @@
 
 ``pairlink call URL ADDRESS OPERATION [JSON_ARGS...]`` calls a service once and prints the
 reply as JSON; ``pairlink serve MODULE[:Class] ... --listen URL`` serves the ``@service``
-classes of those modules until Ctrl-C (or SIGTERM), then shuts them down gracefully.
+classes of those modules until Ctrl-C (or SIGTERM), then shuts them down gracefully;
+``pairlink gateway --config FILE`` runs the gateway that TOML file configures, until Ctrl-C.
 
 Logs are structlog lines on stderr, so that stdout carries nothing but the reply of ``call``.
 """
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
-        help="log lines on stderr from this level on (default: info for serve, warning for call)",
+        help="log lines on stderr from this level on (default: warning for call, info otherwise)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -90,6 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--address", metavar="NAME", help="serve the (single) service under this address"
     )
+
+    gateway = commands.add_parser(
+        "gateway",
+        help="run a gateway (routes between organisations) until Ctrl-C",
+        description="Run the gateway that FILE configures (listen, [users], [[route]] tables).",
+    )
+    gateway.add_argument(
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="the gateway's TOML config; passwords come from the variables it names",
+    )
     return parser
 
 
@@ -117,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _configure_logging((options.log_level or default_level).upper())
     if options.command == "call":
         return _call(options)
+    if options.command == "gateway":
+        return _gateway(options)
     return _serve(options, parser)
 
 
@@ -225,3 +240,21 @@ async def _until_signal(run: Callable[[], Awaitable[None]]) -> None:
                 nursery.cancel_scope.cancel()
     if failure:
         raise failure[0]
+
+
+# -- gateway ---------------------------------------------------------------------------------
+
+
+def _gateway(options: argparse.Namespace) -> int:
+    from framework.gateway import ConfigError, load_config, run_gateway
+
+    try:
+        config = load_config(options.config)
+        trio.run(_until_signal, functools.partial(run_gateway, config))
+    except ConfigError as exc:  # it names the file, line and key: no more is needed
+        print(f"pairlink gateway: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except (OSError, PairlinkError, ValueError) as exc:
+        print(f"pairlink gateway: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return 0

@@ -9,11 +9,13 @@ not, the client falls back to the classic pattern (a sender plus a receiver with
 source, ``reply-to`` = the address the peer created), which costs one more round trip per
 address.
 
-Replies are matched to calls by ``correlation-id`` = the request's ``message-id`` (a counter),
-so many calls share one pair and may complete in any order. Every failure ends the calls it
-concerns at once: a detached or refused pair fails its calls with ``LinkDetachedError``, a lost
-connection fails every call in flight with ``ConnectionLostError``; a timeout raises
-``TimeoutError`` and the reply, if it comes later, is dropped.
+Replies are matched to calls by ``correlation-id`` = the request's ``message-id`` (a counter,
+or a string the caller chose: a stable key that a deduplicating service recognises when the
+call is sent again), so many calls share one pair and may complete in any order. Every failure
+ends the calls it concerns at once: a detached or refused pair fails its calls with
+``LinkDetachedError``, a lost connection fails every call in flight with
+``ConnectionLostError``; a timeout raises ``TimeoutError`` and the reply, if it comes later,
+is dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -39,6 +40,7 @@ from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
 from framework.amqp.session import Session, SessionState
+from framework.backoff import jittered_backoff
 from framework.endpoints import Receiver, Sender
 from framework.errors import (
     AuthenticationError,
@@ -246,23 +248,30 @@ class _Pair:
         deadline_at: float,
         encoding: Encoding,
         settled: bool,
+        message_id: str | None,
     ) -> Any:
         """Send one request and wait for its reply until ``deadline_at`` (Trio clock)."""
         client = self.conn.client
-        message_id = next(client._ids)
+        call_id: int | str
+        if message_id is None:
+            call_id = next(client._ids)
+        elif message_id in self.calls:  # its reply could not be told from the other's
+            raise ValueError(f"message_id {message_id!r} is already in flight on {self.address}")
+        else:
+            call_id = message_id
         remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
         message = wire.encode_request(
             operation,
             args,
             kwargs,
-            message_id=message_id,
+            message_id=call_id,
             now=time.time(),
             timeout=remaining,
             reply_to=self.reply_to,
             encoding=encoding,
         )
         call = _Call(deadline_at)
-        self.calls[message_id] = call
+        self.calls[call_id] = call
         presume, self.fresh = self.fresh, False
         try:
             if settled and self.sender.has_credit(presume):
@@ -277,12 +286,12 @@ class _Pair:
                         _check_outcome(delivery)
                     await call.done.wait()
         finally:
-            self.calls.pop(message_id, None)
+            self.calls.pop(call_id, None)
         if call.reply is not None:
             return wire.parse_reply(call.reply)
         if call.error is not None:
             raise call.error
-        self.log.debug("call.timeout", correlation_id=message_id, operation=operation)
+        self.log.debug("call.timeout", correlation_id=call_id, operation=operation)
         raise TimeoutError(f"{self.address}.{operation}: no reply within the deadline")
 
     async def _send_then_wait(self, call: _Call, message: bytes, presume: bool) -> None:
@@ -381,7 +390,8 @@ class _Connection:
 
     @property
     def alive(self) -> bool:
-        return not self.amqp.closed.is_set()
+        # an error comes first: the engine is done with it before the socket is closed
+        return self.amqp.error is None and not self.amqp.closed.is_set()
 
 
 class Client:
@@ -488,7 +498,7 @@ class Client:
                     raise
                 except (*_RETRYABLE, TimeoutError) as exc:
                     self._failures += 1
-                    delay = self._backoff()
+                    delay = jittered_backoff(self._failures, self.retry_delay, self.max_retry_delay)
                     self._next_attempt = trio.current_time() + delay
                     log.warning(
                         "client.reconnect_failed",
@@ -501,12 +511,6 @@ class Client:
                 self._failures = 0
                 return conn
             return self._conn
-
-    def _backoff(self) -> float:
-        """Exponential, capped, with jitter (half fixed, half random) so that many clients
-        cut off together do not come back in lockstep."""
-        ceiling = min(self.max_retry_delay, self.retry_delay * 2.0 ** (self._failures - 1))
-        return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     async def _pair(self, address: str) -> _Pair:
         conn = self._conn
@@ -536,12 +540,17 @@ class Client:
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
         encoding: Encoding | None = None,
+        message_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """Call ``operation`` of the service at ``address``; returns its reply's value.
 
         ``timeout`` (default: the connection's; ``math.inf`` for none) is cut to what is left
         of the deadline of the call this task is serving, if any, and travels with the request.
+        ``message_id``: the request's id, chosen by the caller (default: a counter). A string
+        that stays the same when a call is repeated lets a service with ``dedup_window``
+        answer the repeat from its stored reply; ``ValueError`` if a call with that id is
+        still in flight to ``address`` on this connection.
         Raises ``RemoteError`` when the service answers with a failure, ``TimeoutError``,
         ``ConnectionLostError``, or ``LinkDetachedError`` when the peer refused the link.
         """
@@ -558,7 +567,13 @@ class Client:
             if pair is None:
                 raise TimeoutError(f"{address}.{operation}: no connection within the deadline")
         return await pair.call(
-            operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled
+            operation,
+            args,
+            kwargs,
+            deadline_at,
+            encoding or self.encoding,
+            self.settled,
+            message_id,
         )
 
     async def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
@@ -587,8 +602,9 @@ class Client:
 class ServiceProxy:
     """Calls to one service: ``await proxy.call("add", 1, 2)`` or ``await proxy.add(1, 2)``.
 
-    The keyword ``timeout`` belongs to the call itself (and ``encoding`` to ``Client.call``):
-    an operation's own parameters of those names can only be passed by position.
+    The keywords ``timeout`` and ``message_id`` belong to the call itself (and ``encoding`` to
+    ``Client.call``): an operation's own parameters of those names can only be passed by
+    position.
     """
 
     def __init__(self, client: Client, address: str, encoding: Encoding) -> None:
@@ -602,10 +618,17 @@ class ServiceProxy:
         /,
         *args: Any,
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
+        message_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
         return await self.client.call(
-            self.address, operation, *args, timeout=timeout, encoding=self.encoding, **kwargs
+            self.address,
+            operation,
+            *args,
+            timeout=timeout,
+            encoding=self.encoding,
+            message_id=message_id,
+            **kwargs,
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Awaitable[Any]]:

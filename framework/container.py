@@ -47,7 +47,7 @@ from framework import transport
 from framework.actor import Actor
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, LocalProtocolError
 from framework.amqp.link import Delivery, Link, LinkState
-from framework.amqp.messaging import Error, Message, Source, Target
+from framework.amqp.messaging import Error, Message
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, SND_UNSETTLED
 from framework.client import Client
 from framework.client import connect as connect_client
@@ -56,7 +56,6 @@ from framework.linkpair import (
     LINK_PAIR_V1_0,
     PairHalf,
     Refusal,
-    is_paired,
     judge_attach,
     paired_properties,
 )
@@ -246,10 +245,6 @@ class Peer:
         return list(self.halves.values())
 
 
-def _address(terminus: Source | Target | None) -> str | None:
-    return None if terminus is None or terminus.address is None else str(terminus.address)
-
-
 class Server:
     """A running service container (see ``framework.service.open_server``)."""
 
@@ -411,9 +406,7 @@ class Server:
         peer = self._peer(conn)
         remote = link.remote_attach
         assert remote is not None
-        half = PairHalf(
-            is_paired(remote.properties), _address(remote.source), _address(remote.target)
-        )
+        half = PairHalf.of(remote)
         other = peer.halves.get((link.name, not link.role))
         opposite = other.half if other is not None else None
         if link.is_receiver:
@@ -507,7 +500,6 @@ class Server:
         peer.conn.kick()
 
     def _refuse(self, peer: Peer, link: Link, half: PairHalf, refusal: Refusal) -> None:
-        error = Error(refusal.condition, refusal.description)
         self.log.info(
             "link.refused",
             conn=peer.conn.id,
@@ -517,20 +509,12 @@ class Server:
             paired=half.paired,
             condition=refusal.condition,
         )
-        if refusal.null_terminus:
-            peer.conn.refuse(link, error)
-            return
-        remote = link.remote_attach
-        assert remote is not None
-        engine = peer.conn.engine
-        engine.answer_attach(
+        peer.conn.refuse(
             link,
-            source=remote.source,
-            target=remote.target,
+            Error(refusal.condition, refusal.description),
+            null_terminus=refusal.null_terminus,
             properties=paired_properties() if half.paired else None,
         )
-        engine.detach(link, closed=True, error=error)
-        peer.conn.kick()
 
     # -- actor to actor --------------------------------------------------------------------
 

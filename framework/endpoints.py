@@ -38,6 +38,9 @@ class Endpoint:
         self._ended = False
         link.user_data = self
 
+    def on_attached(self) -> None:
+        """The peer answered our attach (``attached`` is set already)."""
+
     def on_flow(self) -> None:
         """The link's flow state changed (new credit, drain)."""
 

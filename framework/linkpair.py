@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from framework.amqp.errors import NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
+from framework.amqp.messaging import Source, Target
+from framework.amqp.performatives import Attach
 from framework.amqp.types import Symbol
 
 LINK_PAIR_V1_0 = Symbol("LINK_PAIR_V1_0")
@@ -63,6 +65,15 @@ class PairHalf:
     paired: bool
     source: str | None
     target: str | None
+
+    @classmethod
+    def of(cls, attach: Attach) -> PairHalf:
+        """What ``attach`` says: ``paired`` per LP-4 and the terminus addresses."""
+        return cls(is_paired(attach.properties), _address(attach.source), _address(attach.target))
+
+
+def _address(terminus: Source | Target | None) -> str | None:
+    return None if terminus is None or terminus.address is None else str(terminus.address)
 
 
 @attrs.frozen

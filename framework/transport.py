@@ -127,6 +127,7 @@ class AmqpConnection:
         self._timer_kick = trio.Event()
         self._session: Session | None = None
         self._names = itertools.count(1)
+        self._input_hold: trio.Event | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -182,6 +183,8 @@ class AmqpConnection:
         else:
             self.log.info("connection.closed")
         self.closed.set()
+        if self._input_hold is not None:  # the reader goes on to the peer's EOF
+            self._input_hold.set()
         self.kick()  # the writer flushes what is left (a close reply) and ends
         self._timer_kick.set()
         for session in list(self.engine.sessions.values()):
@@ -220,23 +223,48 @@ class AmqpConnection:
         calls produced before the next is decoded (a large message's bytes alone yield
         nothing to send, so they cost no extra task switch)."""
         if len(data) <= FEED_SLICE:
-            self._feed(data)
+            if self._feed(data):
+                await self._resume_held()
             return
         view = memoryview(data)
         for start in range(0, len(view), FEED_SLICE):
             if start and self.engine.has_output:
                 await trio.lowlevel.checkpoint()
-            self._feed(view[start : start + FEED_SLICE])
+            if self._feed(view[start : start + FEED_SLICE]):
+                await self._resume_held()
 
-    def _feed(self, data: bytes | bytearray | memoryview) -> None:
+    def _feed(self, data: bytes | bytearray | memoryview) -> bool:
+        """Hand bytes to the engine and dispatch what they meant; True when an ``on_attach``
+        held the input (``hold_input``), with bytes still waiting in the engine."""
         engine = self.engine
         events = engine.receive_data(data)
         while True:
             self._dispatch(events)
             if not engine.input_paused:
                 break
+            if self._input_hold is not None:
+                self.kick()
+                return True
             events = engine.receive_data(b"")
         self.kick()
+        return False
+
+    async def _resume_held(self) -> None:
+        while self._input_hold is not None:
+            await self._input_hold.wait()
+            self._input_hold = None
+            if self._feed(b""):
+                continue
+            return
+
+    def hold_input(self) -> Callable[[], None]:
+        """From ``on_attach``: read none of the peer's later frames until the returned
+        ``release`` is called, so an attach can be answered after a round trip elsewhere (a
+        gateway pairs upstream first) and still be answered, with its credit, before a
+        pipelined transfer on it is read (LP-10). Hold it briefly: nothing else on this
+        connection is read meanwhile."""
+        gate = self._input_hold = trio.Event()
+        return gate.set
 
     async def _write_loop(self) -> None:
         engine = self.engine
@@ -334,6 +362,7 @@ class AmqpConnection:
         endpoint = event.link.user_data
         if isinstance(endpoint, Endpoint):
             endpoint.attached.set()
+            endpoint.on_attached()
 
     def _on_flow(self, event: LinkFlow) -> None:
         endpoint = event.link.user_data
@@ -446,9 +475,24 @@ class AmqpConnection:
         sender.attached.set()
         return sender
 
-    def refuse(self, link: Link, error: Error) -> None:
-        """Refuse a peer's link: null terminus, then a detach carrying ``error``."""
-        self.engine.refuse_attach(link, error)
+    def refuse(
+        self,
+        link: Link,
+        error: Error,
+        *,
+        null_terminus: bool = True,
+        properties: dict[Any, Any] | None = None,
+    ) -> None:
+        """Refuse a peer's link: a null terminus (the link was never created, §2.6.3), or
+        an attach mirroring the peer's with ``properties`` (it was created, then found
+        wanting); either way followed by a closing detach carrying ``error``."""
+        if null_terminus:
+            self.engine.refuse_attach(link, error)
+        else:
+            self.engine.answer_attach(
+                link, source=link.remote_source, target=link.remote_target, properties=properties
+            )
+            self.engine.detach(link, closed=True, error=error)
         self.kick()
 
 

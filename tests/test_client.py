@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from framework import deadline, wire
 from framework.amqp import errors as conditions
 from framework.amqp.messaging import Accepted, Error, Rejected, Released
-from framework.amqp.performatives import SND_UNSETTLED, Attach, Flow, Transfer
+from framework.amqp.performatives import SND_UNSETTLED, Attach, Close, Flow, Transfer
 from framework.client import Client, connect
 from framework.errors import ConnectionLostError, RemoteError
 from framework.payload import JSON, Encoding
@@ -374,19 +374,6 @@ async def test_reconnect_backs_off_until_the_server_is_back() -> None:
     assert delays[2] > delays[0]  # exponential, despite the jitter (each in [d/2, d])
 
 
-async def test_backoff_is_exponential_capped_and_jittered() -> None:
-    async with (
-        raw_server() as server,
-        connect(server.url, sasl=False, retry_delay=0.1, max_retry_delay=2.0) as client,
-    ):
-        for failures in range(1, 12):
-            client._failures = failures
-            ceiling = min(2.0, 0.1 * 2 ** (failures - 1))
-            delays = {client._backoff() for _ in range(20)}
-            assert all(ceiling / 2 <= d <= ceiling for d in delays)
-            assert len(delays) > 1  # jittered
-
-
 async def test_connect_failure_is_raised_at_once() -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
@@ -452,3 +439,21 @@ async def test_calls_wait_for_credit_in_turn_and_leaving_ones_pass_it_on() -> No
 async def _first_peer(server: RawServer) -> RawPeer:
     await server.connected.wait()
     return server.peers[0]
+
+
+async def test_a_call_right_after_a_protocol_violation_raises_connection_lost() -> None:
+    """The peer broke the protocol and our close is on its way, but the socket is still
+    open: a call that needs a new pair fails as ConnectionLostError (with the condition),
+    not as an engine-internal error."""
+    async with (
+        raw_server() as server,
+        connect(server.url, sasl=False, timeout=5) as client,
+    ):
+        assert await client.call("a", "echo", 1) == 1
+        (peer,) = server.peers
+        await peer.stream.send_all(b"\x00\x00\x00\x08\x02\x09\x00\x00")  # frame type 9
+        with trio.fail_after(5):
+            await peer.wait_for(Close)  # our answer: the violation is known, the socket open
+        with pytest.raises(ConnectionLostError) as exc:
+            await client.call("b", "echo", 2)
+        assert exc.value.condition == "amqp:connection:framing-error"

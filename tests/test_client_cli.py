@@ -92,11 +92,12 @@ def test_python_dash_m_framework_call(server: ProtonServer) -> None:
 
 
 class Served:
-    """``python -m framework serve ...`` in a child process, its stderr read line by line."""
+    """``python -m framework serve ...`` (or another ``command``) in a child process, its
+    stderr read line by line."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, command: str = "serve") -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "framework", "serve", *args],
+            [sys.executable, "-m", "framework", command, *args],
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -121,13 +122,13 @@ class Served:
             if event in line:
                 return line
 
-    def url(self) -> str:
-        match = re.search(r"url=(amqp://\S+)", self.wait_for("server.listening"))
+    def url(self, event: str = "server.listening") -> str:
+        match = re.search(r"url=(amqps?://\S+)", self.wait_for(event))
         assert match is not None
         return match.group(1)
 
-    def interrupt(self) -> int:
-        self.process.send_signal(signal.SIGINT)
+    def interrupt(self, signum: int = signal.SIGINT) -> int:
+        self.process.send_signal(signum)
         return self.process.wait(20)
 
     def __enter__(self) -> Served:

@@ -248,3 +248,40 @@ async def test_writes_are_batched_into_one_send() -> None:
             kinds.append(type(frame.performative))
         assert kinds == [Open, Begin] + [Attach] * 20
         await server_stream.aclose()  # the peer goes away: leaving the block is quick
+
+
+async def test_held_input_answers_a_pipelined_attach_after_a_round_trip_elsewhere() -> None:
+    """``hold_input`` (a gateway pairing upstream first): the attach is answered, with credit,
+    only after a delay, and the transfer pipelined right behind it is read only then, so it
+    finds its credit (LP-10) instead of breaking the link's transfer limit."""
+    got: list[Message] = []
+    answered_at: list[float] = []
+
+    async with trio.open_nursery() as nursery:
+
+        async def answer_later(conn: AmqpConnection, link: Link, release: Any) -> None:
+            await trio.sleep(0.2)  # the round trip elsewhere
+            answered_at.append(trio.current_time())
+            receiver = conn.accept_receiver(link, credit=5)
+            release()
+            async for item in receiver:
+                got.append(item.message)
+                receiver.settle(item, Accepted())
+
+        def on_attach(conn: AmqpConnection, link: Link) -> None:
+            nursery.start_soon(answer_later, conn, link, conn.hold_input())
+
+        async with (
+            listen("amqp://127.0.0.1:0", on_attach=on_attach) as listener,
+            connect(listener.url) as conn,
+        ):
+            sender = conn.open_sender("q")
+            started = trio.current_time()
+            first = await sender.send(Message(body="pipelined"), presume_credit=True)
+            second = await sender.send(Message(body="then"))
+            assert isinstance(first.remote_state, Accepted)
+            assert isinstance(second.remote_state, Accepted)
+            assert sender.detached is None
+        nursery.cancel_scope.cancel()
+    assert [m.body for m in got] == ["pipelined", "then"]
+    assert answered_at and answered_at[0] - started >= 0.2

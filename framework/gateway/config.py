@@ -1,0 +1,316 @@
+"""A gateway's configuration: where it listens, who may connect, and its routes.
+
+Read from TOML (``load_config``); every mistake is refused at start with a message that names
+the key and the line, so a gateway never runs half-configured. Secrets are never in the file:
+passwords come from the environment variables the file names (``password_env``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import ssl
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import attrs
+
+from framework.gateway.toml_lines import KeyLines, KeyPath, dotted
+from framework.transport import AmqpUrl
+
+
+class ConfigError(ValueError):
+    """The configuration is malformed: the message names the file, line and key."""
+
+
+@attrs.frozen
+class Route:
+    """One public address of this gateway and where its paired links go next (LP-11).
+
+    ``public``: the address peers attach to here. ``upstream``: the next hop's
+    ``amqp[s]://host[:port]`` (no credentials in it). ``address``: the address at the next
+    hop (the public one at the next gateway, or the service's internal one). ``user`` and
+    ``password``: SASL PLAIN credentials for the upstream (none: ANONYMOUS). ``allow``: the
+    inbound users that may attach this route (None: every peer that passed SASL). ``ca``: a
+    PEM file of CAs that verify the upstream's TLS certificate (None: the system's).
+    """
+
+    public: str
+    upstream: str
+    address: str
+    user: str | None = None
+    password: str | None = None
+    allow: frozenset[str] | None = None
+    ca: str | None = None
+
+
+@attrs.frozen
+class GatewayConfig:
+    """``listen``: ``amqp[s]://host:port`` for inbound peers; ``users``: SASL PLAIN users
+    (name -> password) allowed to connect inbound (None: anonymous peers are allowed);
+    ``tls_cert``/``tls_key``: PEM files for an ``amqps`` listener; ``idle_timeout``: seconds
+    of silence after which a connection (inbound or upstream) is declared dead;
+    ``attach_timeout``: how long a peer's attach may wait for the upstream pair."""
+
+    listen: str
+    routes: tuple[Route, ...]
+    users: dict[str, str] | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    container_id: str | None = None
+    idle_timeout: float = 30.0
+    attach_timeout: float = 10.0
+
+
+# -- reading a TOML config -----------------------------------------------------------------------
+
+_TOP_KEYS = ("listen", "container_id", "idle_timeout", "attach_timeout", "tls", "users", "route")
+_TLS_KEYS = ("cert", "key")
+_USER_KEYS = ("password_env",)
+_ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
+
+
+def load_config(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Read the config file at ``path``; relative file names in it are relative to its folder.
+    ``ConfigError`` also for a file that cannot be read."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{os.fspath(path)}: cannot read the config: {exc}") from None
+    return parse_config(
+        text, source=os.fspath(path), environ=environ, base=Path(path).resolve().parent
+    )
+
+
+def parse_config(
+    text: str,
+    *,
+    source: str = "<config>",
+    environ: Mapping[str, str] | None = None,
+    base: str | os.PathLike[str] | None = None,
+) -> GatewayConfig:
+    """The gateway config in TOML ``text``; ``source`` names it in error messages.
+
+    Passwords are read from ``environ`` (default ``os.environ``) at the variables the config
+    names; relative file names resolve against ``base`` (default: the current directory).
+    The first mistake raises ``ConfigError("{source}:{line}: {key}: {problem}")``.
+    """
+    reader = _Reader(text, source, os.environ if environ is None else environ, base)
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        reader.syntax_error(str(exc))
+    return reader.config(document)
+
+
+_TYPE_NAMES = {
+    bool: "a boolean",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    dict: "a table",
+    list: "an array",
+}
+
+
+def _type_name(value: object) -> str:
+    return _TYPE_NAMES.get(type(value), "a date/time")
+
+
+class _Reader:
+    """Checks a parsed document key by key; each check names the key's path (for the line)."""
+
+    def __init__(
+        self,
+        text: str,
+        source: str,
+        environ: Mapping[str, str],
+        base: str | os.PathLike[str] | None,
+    ) -> None:
+        self.lines = KeyLines(text)
+        self.line_count = max(1, len(text.splitlines()))
+        self.source = source
+        self.environ = environ
+        self.base = Path.cwd() if base is None else Path(base)
+
+    def fail(self, path: KeyPath, problem: str, *, line: int | None = None) -> NoReturn:
+        line = self.lines.line(path) if line is None else line
+        raise ConfigError(f"{self.source}:{line}: {dotted(path)}: {problem}")
+
+    def syntax_error(self, message: str) -> NoReturn:
+        """tomllib says where, not which key: the locator reads the key on that line."""
+        at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+        line = int(at.group(1)) if at else self.line_count  # "(at end of document)"
+        problem = message[: at.start()] if at else message.removesuffix(" (at end of document)")
+        where = f" at column {at.group(2)}" if at else " at the end"
+        self.fail(self.lines.key_at(line), f"not valid TOML: {problem}{where}", line=line)
+
+    # -- the document ---------------------------------------------------------------------
+
+    def config(self, document: dict[str, Any]) -> GatewayConfig:
+        self.keys(document, (), _TOP_KEYS)
+        listen = self.url(self.required(document, (), "listen"), ("listen",))
+        users = None
+        if "users" in document:
+            users = {}
+            for name, entry in self.table(document["users"], ("users",), None).items():
+                here: KeyPath = ("users", name)
+                users[name] = self.password(
+                    self.table(entry, here, _USER_KEYS), here, "password_env"
+                )
+            if not users:
+                self.fail(("users",), "no users: remove [users] to let anonymous peers in")
+        tls_cert = tls_key = None
+        if "tls" in document:
+            tls = self.table(document["tls"], ("tls",), _TLS_KEYS)
+            if not listen.startswith("amqps:"):
+                self.fail(("tls",), "[tls] is for an amqps:// listen, and listen is amqp://")
+            cert, key = self.required(tls, ("tls",), "cert"), self.required(tls, ("tls",), "key")
+            tls_cert, tls_key = self.file(cert, ("tls", "cert")), self.file(key, ("tls", "key"))
+            try:  # refused now, with its line, rather than at the first inbound peer
+                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                    tls_cert, tls_key
+                )
+            except OSError as exc:  # ssl.SSLError included
+                self.fail(("tls", "cert"), f"cert and key do not load as a PEM pair: {exc}")
+        elif listen.startswith("amqps:"):
+            self.fail(("listen",), "an amqps:// listen needs a [tls] table with cert and key")
+        return GatewayConfig(
+            listen=listen,
+            routes=self.routes(document, users),
+            users=users,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            container_id=self.optional(document, (), "container_id"),
+            **{  # absent: GatewayConfig's defaults
+                key: self.seconds(document[key], (key,))
+                for key in ("idle_timeout", "attach_timeout")
+                if key in document
+            },
+        )
+
+    def routes(self, document: dict[str, Any], users: dict[str, str] | None) -> tuple[Route, ...]:
+        tables = document.get("route")
+        if not isinstance(tables, list) or not tables:
+            problem = "missing" if tables is None else f"{_type_name(tables)}, not [[route]] tables"
+            self.fail(("route",), f"{problem}: a gateway needs at least one [[route]] table")
+        routes: list[Route] = []
+        for index, table in enumerate(tables):
+            here: KeyPath = ("route", index)
+            route = self.table(table, here, _ROUTE_KEYS)
+            public = self.required(route, here, "public")
+            for earlier, other in enumerate(routes):
+                if other.public == public:
+                    where = dotted(("route", earlier))
+                    self.fail((*here, "public"), f"{public!r} is already the public of {where}")
+            upstream = self.url(self.required(route, here, "upstream"), (*here, "upstream"))
+            user = self.optional(route, here, "user")
+            password = None
+            if user is not None:
+                password = self.password(route, here, "password_env", needed_by="user")
+            elif "password_env" in route:
+                self.fail((*here, "password_env"), "given without user (the upstream's SASL user)")
+            allow = None
+            if "allow" in route:
+                allow = frozenset(self.allow(route["allow"], (*here, "allow"), users))
+            ca = self.optional(route, here, "ca")
+            if ca is not None:
+                if not upstream.startswith("amqps:"):
+                    self.fail((*here, "ca"), "only for an amqps:// upstream")
+                ca = self.file(ca, (*here, "ca"))
+                try:
+                    ssl.create_default_context(cafile=ca)
+                except OSError as exc:
+                    self.fail((*here, "ca"), f"no PEM CA certificates in {ca}: {exc}")
+            address = self.required(route, here, "address")
+            routes.append(Route(public, upstream, address, user, password, allow, ca))
+        return tuple(routes)
+
+    # -- keys and values ------------------------------------------------------------------
+
+    def keys(self, table: dict[str, Any], path: KeyPath, known: tuple[str, ...]) -> None:
+        for key in table:
+            if key not in known:
+                self.fail((*path, key), f"unknown key (known here: {', '.join(known)})")
+
+    def table(self, value: object, path: KeyPath, known: tuple[str, ...] | None) -> dict[str, Any]:
+        """``value`` as a table of ``known`` keys (None: any key, e.g. user names)."""
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a table, got {_type_name(value)}")
+        if known is not None:
+            self.keys(value, path, known)
+        return value
+
+    def optional(self, table: dict[str, Any], path: KeyPath, key: str) -> str | None:
+        """A non-empty string, or None when absent."""
+        if key not in table:
+            return None
+        value = table[key]
+        if not isinstance(value, str):
+            self.fail((*path, key), f"expected a string, got {_type_name(value)}")
+        if not value:
+            self.fail((*path, key), "empty")
+        return value
+
+    def required(self, table: dict[str, Any], path: KeyPath, key: str) -> str:
+        value = self.optional(table, path, key)
+        if value is None:
+            self.fail((*path, key), "missing (required)")
+        return value
+
+    def url(self, value: str, path: KeyPath) -> str:
+        try:
+            url = AmqpUrl.parse(value)
+        except ValueError:
+            self.fail(path, f"{value!r} is not an amqp:// or amqps:// URL")
+        parts = urlsplit(value)
+        if url.username is not None or url.password is not None:
+            self.fail(path, "no credentials in the URL: use user and password_env")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            self.fail(path, f"{value!r}: only amqp[s]://host[:port], no path or query")
+        return value
+
+    def seconds(self, value: object, path: KeyPath) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.fail(path, f"expected seconds (a number), got {_type_name(value)}")
+        if not (0 < value < math.inf):
+            self.fail(path, f"{value} is not a positive number of seconds")
+        return float(value)
+
+    def password(
+        self, table: dict[str, Any], path: KeyPath, key: str, *, needed_by: str | None = None
+    ) -> str:
+        """The password in the environment variable that ``table[key]`` names."""
+        if needed_by is not None and key not in table:
+            self.fail((*path, needed_by), f"needs {key} (the variable holding its password)")
+        variable = self.required(table, path, key)
+        password = self.environ.get(variable)
+        if password is None:
+            self.fail((*path, key), f"environment variable {variable} is not set")
+        if not password:
+            self.fail((*path, key), f"environment variable {variable} is empty")
+        return password
+
+    def allow(self, value: object, path: KeyPath, users: dict[str, str] | None) -> list[str]:
+        if not isinstance(value, list) or not value:
+            got = "an empty array" if value == [] else _type_name(value)
+            self.fail(path, f"expected a non-empty array of [users] names, got {got}")
+        for name in value:
+            if not isinstance(name, str):
+                self.fail(path, f"expected names (strings), got {_type_name(name)} {name!r}")
+            if users is None or name not in users:
+                self.fail(path, f"{name!r} is not a user of the [users] table")
+        return value
+
+    def file(self, value: str, path: KeyPath) -> str:
+        """``value`` made absolute against the base folder; the file must exist."""
+        resolved = self.base / Path(value).expanduser()
+        if not resolved.is_file():
+            self.fail(path, f"no such file: {resolved}")
+        return str(resolved)

@@ -1,0 +1,202 @@
+"""The gateway: a listener for peers of one organisation, routes to the next hop (LP-11).
+
+Each attach a peer sends is judged here: a paired attach for a configured public address, by
+a user the route allows, starts a :class:`PairRelay`; a paired attach with an anonymous
+terminus is the routing node (LP-9, :class:`RoutingRelay`). Everything else is refused with
+the frames the pairing rules name: unknown address, null terminus + ``amqp:not-found``; a user
+the route does not allow, ``amqp:unauthorized-access``; a link that is not paired,
+``amqp:not-implemented`` (only a pair keeps ``reply-to: $me`` meaningful across hops without
+rewriting the bare message, so the gateway carries nothing else).
+"""
+
+from __future__ import annotations
+
+import ssl
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+import trio
+
+from framework import transport
+from framework.amqp.errors import NOT_ALLOWED, NOT_IMPLEMENTED, UNAUTHORIZED_ACCESS
+from framework.amqp.link import Link
+from framework.amqp.messaging import Error
+from framework.gateway.config import GatewayConfig, Route
+from framework.gateway.pairs import PairRelay
+from framework.gateway.routing import RoutingRelay
+from framework.gateway.upstream import Upstream
+from framework.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
+
+log = structlog.get_logger("pairlink.gateway")
+
+Relay = PairRelay | RoutingRelay
+
+
+class Downstream:
+    """One inbound connection and the pairs it relays, by link name."""
+
+    def __init__(self, gateway: Gateway, conn: transport.AmqpConnection) -> None:
+        self.gateway = gateway
+        self.conn = conn
+        self.user = conn.engine.sasl_identity
+        self.relays: dict[str, Relay] = {}
+
+    def forget(self, relay: Relay) -> None:
+        if self.relays.get(relay.name) is relay:
+            del self.relays[relay.name]
+
+    def may_use(self, route: Route) -> bool:
+        return route.allow is None or (self.user is not None and self.user in route.allow)
+
+
+class Gateway:
+    """A running gateway (see ``open_gateway``)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
+        self.routes = {route.public: route for route in config.routes}
+        self.listener: transport.Listener | None = None
+        self.peers: dict[transport.AmqpConnection, Downstream] = {}
+        shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}
+        self.upstreams: dict[str, Upstream] = {}  # by public address
+        for route in config.routes:
+            key = (route.upstream, route.user, route.password, route.ca)
+            if key not in shared:
+                shared[key] = Upstream(
+                    route,
+                    container_id=self.container_id,
+                    idle_timeout=config.idle_timeout,
+                    connect_timeout=config.attach_timeout,
+                )
+            self.upstreams[route.public] = shared[key]
+        self._nursery: trio.Nursery | None = None
+        self.log = log.bind(container=self.container_id)
+
+    @property
+    def url(self) -> str:
+        assert self.listener is not None, "the gateway is not listening yet"
+        return self.listener.url
+
+    @property
+    def port(self) -> int:
+        assert self.listener is not None, "the gateway is not listening yet"
+        return self.listener.port
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect upstream, listen, relay; until cancelled."""
+        config = self.config
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for upstream in set(self.upstreams.values()):
+                nursery.start_soon(upstream.run)
+            async with transport.listen(
+                config.listen,
+                on_attach=self.on_attach,
+                handler=self._track,
+                users=config.users,
+                ssl_context=self._server_tls(),
+                container_id=self.container_id,
+                idle_timeout=config.idle_timeout,
+                offered_capabilities=[LINK_PAIR_V1_0],
+            ) as listener:
+                self.listener = listener
+                self.log.info("gateway.listening", url=listener.url, routes=list(self.routes))
+                task_status.started(self)
+                await trio.sleep_forever()
+
+    def _server_tls(self) -> ssl.SSLContext | None:
+        config = self.config
+        if config.tls_cert is None:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+        return context
+
+    def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run a relay's set-up task for as long as the gateway runs."""
+        assert self._nursery is not None
+        self._nursery.start_soon(task, *args)
+
+    async def _track(self, conn: transport.AmqpConnection) -> None:
+        try:
+            await conn.closed.wait()
+        finally:
+            self.peers.pop(conn, None)
+
+    # -- attaches --------------------------------------------------------------------------
+
+    def on_attach(self, conn: transport.AmqpConnection, link: Link) -> None:
+        downstream = self.peers.get(conn)
+        if downstream is None:
+            downstream = self.peers[conn] = Downstream(self, conn)
+        remote = link.remote_attach
+        assert remote is not None
+        half = PairHalf.of(remote)
+        relay = downstream.relays.get(link.name)
+        if relay is not None:
+            if link.role in relay.halves:
+                self._refuse(downstream, link, half, NOT_ALLOWED, "this pair has that half already")
+            else:
+                relay.add_half(link)
+            return
+        if not half.paired:
+            why = "this gateway relays paired links only (LINK_PAIR_V1_0)"
+            self._refuse(downstream, link, half, NOT_IMPLEMENTED, why)
+            return
+        address = half.target if link.is_receiver else half.source
+        if address is None:  # the routing node (LP-9)
+            downstream.relays[link.name] = RoutingRelay(downstream, link.name, link)
+            return
+        route = self.routes.get(address)
+        refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
+        if refusal is not None:
+            self._refuse(downstream, link, half, refusal.condition, refusal.description)
+            return
+        assert route is not None
+        if not downstream.may_use(route):
+            why = f"{downstream.user or 'an anonymous peer'} may not use {route.public!r}"
+            self._refuse(downstream, link, half, UNAUTHORIZED_ACCESS, why)
+            return
+        pair = downstream.relays[link.name] = PairRelay(downstream, route, link.name, link)
+        release = conn.hold_input()
+        self.start_soon(
+            pair.open, self.upstreams[route.public], self.config.attach_timeout, release
+        )
+
+    def _refuse(
+        self, downstream: Downstream, link: Link, half: PairHalf, condition: str, why: str
+    ) -> None:
+        self.log.info(
+            "link.refused",
+            conn=downstream.conn.id,
+            user=downstream.user,
+            name=link.name,
+            source=half.source,
+            target=half.target,
+            paired=half.paired,
+            condition=condition,
+        )
+        downstream.conn.refuse(link, Error(condition, why))
+
+
+@asynccontextmanager
+async def open_gateway(config: GatewayConfig) -> AsyncIterator[Gateway]:
+    """Run a gateway for the block; leaving it closes every inbound and upstream connection."""
+    async with trio.open_nursery() as nursery:
+        gateway: Gateway = await nursery.start(Gateway(config).run)
+        try:
+            yield gateway
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def run_gateway(
+    config: GatewayConfig, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run a gateway until cancelled (``task_status.started`` gets it once it listens)."""
+    await Gateway(config).run(task_status=task_status)

@@ -1,0 +1,312 @@
+"""A paired link relayed across a gateway (LP-11): the requester's pair downstream, a pair of
+the gateway's own upstream, and two hops between them.
+
+The upstream pair gets a new link name and the gateway's own terminus addresses, and the
+route's next-hop address as its node: nothing the requester called its ends, and nothing the
+next hop calls its node, crosses the gateway. The downstream attach is answered only once the
+upstream pair is attached and has its first credit (the downstream connection's input is held
+meanwhile, so a pipelined first request still finds its credit, LP-10); an upstream refusal is
+answered downstream with the same condition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+import trio
+
+from framework.amqp.errors import PRECONDITION_FAILED
+from framework.amqp.link import Delivery, Link
+from framework.amqp.messaging import Error, Source, Target
+from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
+from framework.gateway.config import Route
+from framework.gateway.relay import EndOwner, Hop, RelayEnd
+from framework.gateway.upstream import Upstream, UpstreamUnavailable
+from framework.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
+from framework.transport import AmqpConnection
+
+if TYPE_CHECKING:
+    from framework.gateway.node import Downstream
+
+log = structlog.get_logger("pairlink.gateway")
+
+DETACH_FORCED = "amqp:link:detach-forced"
+CREDIT_WAIT = 1.0
+"""How long an attached upstream pair may take to grant its first credit before the downstream
+pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
+
+
+def scrubbed(error: Error, route: Route) -> Error:
+    """An upstream error fit to pass downstream: same condition, the next hop's address for
+    this route replaced by the public one, no ``info`` (it may name anything internal)."""
+    description = error.description
+    if description and route.address != route.public:
+        description = description.replace(route.address, route.public)
+    return Error(condition=error.condition, description=description)
+
+
+def upstream_ending(end: RelayEnd, route: Route) -> Error | None:
+    """What to tell downstream when an upstream end is over: its detach's error (scrubbed),
+    or ``detach-forced`` when it went with its connection."""
+    if end.detached is None or end.conn.closed.is_set():
+        return Error(DETACH_FORCED, f"the connection to the next hop for {route.public!r} is lost")
+    error = end.ending_error()
+    return None if error is None else scrubbed(error, route)
+
+
+def admit_half(conn: AmqpConnection, link: Link, halves: dict[bool, PairHalf]) -> bool:
+    """Judge a downstream half against the other half of its name (LP-5, LP-7): refuse it,
+    or record it in ``halves`` (by our role) and say True."""
+    remote = link.remote_attach
+    assert remote is not None
+    half = PairHalf.of(remote)
+    refusal = judge_attach(half, known=True, pairs=True, opposite=halves.get(not link.role))
+    if refusal is not None:
+        conn.refuse(
+            link,
+            Error(refusal.condition, refusal.description),
+            null_terminus=refusal.null_terminus,
+            properties=paired_properties(),
+        )
+        return False
+    halves[link.role] = half
+    return True
+
+
+class UpstreamPair:
+    """The gateway's own pair to ``route``'s next hop: a new link name, the gateway's own
+    terminus addresses, the next hop's address as the node. Its ends report to ``owner``,
+    which calls ``changed()`` on every event so that ``open`` sees progress."""
+
+    def __init__(self, route: Route, owner: EndOwner, snd_settle_mode: int) -> None:
+        self.route = route
+        self.owner = owner
+        self.snd_settle_mode = snd_settle_mode
+        self.sender: RelayEnd | None = None
+        self.receiver: RelayEnd | None = None
+        self.failure: Error | None = None
+        self._changed = trio.Event()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    async def open(self, upstream: Upstream, within: float) -> Error | None:
+        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most);
+        returns why it failed, None when it is up."""
+        try:
+            with trio.move_on_after(within) as scope:
+                self._attach(await upstream.connection())
+                await self._until(self._settled)
+                if self.failure is None:
+                    with trio.move_on_after(CREDIT_WAIT):
+                        await self._until(self._has_credit)
+            if scope.cancelled_caught and self.failure is None:
+                self.fail(Error(DETACH_FORCED, "the next hop did not answer the pair in time"))
+        except UpstreamUnavailable as exc:
+            self.fail(Error(DETACH_FORCED, f"the next hop for {self.route.public!r}: {exc}"))
+        return self.failure
+
+    def _attach(self, conn: AmqpConnection) -> None:
+        engine = conn.engine
+        session = conn.session
+        name = conn.link_name("gw")
+        address = self.route.address
+        sender = engine.attach(
+            session,
+            name=name,
+            role=ROLE_SENDER,
+            source=Source(address=name),
+            target=Target(address=address),
+            snd_settle_mode=self.snd_settle_mode,
+            properties=paired_properties(),
+        )
+        receiver = engine.attach(
+            session,
+            name=name,
+            role=ROLE_RECEIVER,
+            source=Source(address=address),
+            target=Target(address=name),
+            snd_settle_mode=self.snd_settle_mode,
+            rcv_settle_mode=RCV_FIRST,
+            properties=paired_properties(),
+        )
+        self.sender = RelayEnd(conn, sender, self.owner)
+        self.receiver = RelayEnd(conn, receiver, self.owner)
+        conn.kick()
+        log.debug("upstream.pair", public=self.route.public, conn=conn.id, link=name)
+
+    def _has_credit(self) -> bool:
+        return self.sender is not None and self.sender.usable and self.sender.link.link_credit > 0
+
+    def _settled(self) -> bool:
+        """Both halves answered and none refused, or the pair failed."""
+        if self.failure is not None:
+            return True
+        sender, receiver = self.sender, self.receiver
+        assert sender is not None and receiver is not None
+        for end in (sender, receiver):
+            if end.detached is not None or end.conn.closed.is_set():
+                error = upstream_ending(end, self.route)
+                self.fail(error or Error(DETACH_FORCED, "the next hop detached the pair"))
+                return True
+        if sender.link.remote_attach is None or receiver.link.remote_attach is None:
+            return False
+        if sender.link.remote_target is None or receiver.link.remote_source is None:
+            return False  # refused: its detach (with the reason) comes right behind
+        for end in (sender, receiver):
+            if paired_mismatch(end.link.properties, end.link.remote_properties):  # LP-5
+                self.fail(Error(PRECONDITION_FAILED, "the next hop answered without paired: true"))
+                return True
+        return True
+
+    def fail(self, error: Error) -> None:
+        if self.failure is None:
+            self.failure = error
+            log.info("upstream.pair_refused", public=self.route.public, condition=error.condition)
+            for end in (self.sender, self.receiver):
+                if end is not None:
+                    end.detach(error)
+
+    async def _until(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            self._changed = trio.Event()
+            await self._changed.wait()
+
+
+class PairRelay:
+    """One downstream pair (link ``name`` on ``downstream``) and its upstream pair."""
+
+    def __init__(self, downstream: Downstream, route: Route, name: str, first: Link) -> None:
+        self.downstream = downstream
+        self.route = route
+        self.name = name
+        self.requests = Hop()  # downstream requester's sender -> upstream
+        self.replies = Hop()  # upstream -> downstream requester's receiver
+        self.halves: dict[bool, PairHalf] = {}  # by our role on the downstream link
+        self.unanswered: dict[bool, Link] = {}
+        self.failure: Error | None = None
+        self.ready = False
+        remote = first.remote_attach
+        assert remote is not None
+        self.upstream = UpstreamPair(route, self, remote.snd_settle_mode)
+        self._log = log.bind(conn=downstream.conn.id, link=name, public=route.public)
+        self.add_half(first)
+
+    # -- set-up ----------------------------------------------------------------------------
+
+    def add_half(self, link: Link) -> None:
+        """A downstream half arrived: judge it against the other (LP-5, LP-7), then answer
+        it now if the upstream pair is settled, else when it is."""
+        if not admit_half(self.downstream.conn, link, self.halves):
+            return
+        self.unanswered[link.role] = link
+        if self.ready or self.failure is not None:
+            self._answer()
+
+    async def open(self, upstream: Upstream, within: float, release: Callable[[], None]) -> None:
+        """Pair upstream, then answer downstream; ``release`` lets the downstream
+        connection's input flow again, whatever happened."""
+        try:
+            self.failure = await self.upstream.open(upstream, within)
+        except BaseException:  # cancelled: the gateway is stopping
+            self.failure = Error(DETACH_FORCED, "the gateway is shutting down")
+            raise
+        finally:
+            if self.failure is None:
+                self.ready = True
+                self.requests.outbound = self.upstream.sender
+                self.replies.inbound = self.upstream.receiver
+            else:
+                self._log.info("relay.refused", condition=self.failure.condition)
+            self._answer()
+            release()
+
+    def _answer(self) -> None:
+        """Answer the downstream halves that wait: as the upstream pair went."""
+        conn = self.downstream.conn
+        if conn.closed.is_set():
+            self.unanswered.clear()
+        while self.unanswered:
+            role, link = self.unanswered.popitem()
+            if self.failure is not None:
+                conn.refuse(link, self.failure)
+                continue
+            remote = link.remote_attach
+            assert remote is not None
+            if role == ROLE_RECEIVER:
+                conn.engine.answer_attach(
+                    link,
+                    source=remote.source,
+                    target=remote.target,
+                    properties=paired_properties(),
+                    rcv_settle_mode=RCV_FIRST,
+                )
+                self.requests.inbound = RelayEnd(conn, link, self)
+                self.requests.mirror_credit()
+            else:
+                upstream = self.replies.inbound
+                up_attach = upstream.link.remote_attach if upstream is not None else None
+                conn.engine.answer_attach(
+                    link,
+                    source=remote.source,
+                    target=remote.target,
+                    properties=paired_properties(),
+                    snd_settle_mode=up_attach.snd_settle_mode if up_attach else SND_MIXED,
+                )
+                self.replies.outbound = RelayEnd(conn, link, self)
+                self.replies.mirror_credit()
+            conn.kick()
+        if self.failure is not None and len(self.halves) == 2:
+            self.downstream.forget(self)
+
+    # -- link events (EndOwner) ------------------------------------------------------------
+
+    def _hop_of(self, end: RelayEnd) -> Hop:
+        return (
+            self.requests
+            if end in (self.requests.inbound, self.requests.outbound)
+            else (self.replies)
+        )
+
+    def end_attached(self, end: RelayEnd) -> None:
+        self.upstream.changed()
+
+    def end_flowed(self, end: RelayEnd) -> None:
+        self.upstream.changed()
+        if not self.ready:
+            return
+        hop = self._hop_of(end)
+        if end is hop.outbound:
+            hop.pump()
+            hop.mirror_credit()
+
+    def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None:
+        self._hop_of(end).arrive(delivery, payload)
+
+    def end_updated(self, end: RelayEnd, delivery: Delivery) -> None:
+        hop = self._hop_of(end)
+        if end is hop.outbound:
+            hop.outcome(delivery)
+
+    def end_ended(self, end: RelayEnd) -> None:
+        self.upstream.changed()
+        if not self.ready:
+            return
+        hop = self._hop_of(end)
+        upstream_side = end.conn is not self.downstream.conn
+        partner = hop.inbound if end is hop.outbound else hop.outbound
+        if end is hop.outbound:
+            hop.abandon()
+        if partner is not None:
+            partner.detach(
+                upstream_ending(end, self.route) if upstream_side else end.ending_error()
+            )
+        if self._all_over():
+            self.downstream.forget(self)
+
+    def _all_over(self) -> bool:
+        ends = (self.requests.inbound, self.requests.outbound)
+        ends2 = (self.replies.inbound, self.replies.outbound)
+        return all(end is None or not end.usable for end in (*ends, *ends2))

@@ -1,0 +1,195 @@
+"""Relaying messages across a gateway: one direction at a time, credit, outcomes and detaches
+carried end to end.
+
+A :class:`Hop` joins a link we receive on (``inbound``) to a link we send on (``outbound``):
+
+* credit: ``inbound`` is granted exactly the credit ``outbound`` has, less what waits here, so a
+  slow service slows its callers through any number of gateways and a gateway holds at most
+  what it granted (messages only wait when the next hop took credit back);
+* bytes: a message is forwarded as it came; only its header changes, when it waited here long
+  enough (≥ 1 ms) to cut its ``ttl`` (the bare message is immutable, Part 3 §3.2);
+* outcomes: an unsettled message is settled on ``inbound`` with the outcome ``outbound``'s
+  receiver gave it, never before, so nothing is acknowledged early;
+* endings: when ``outbound`` goes, what it still owed is released (never forwarded) or
+  ``modified(delivery-failed)`` (forwarded, fate unknown) on ``inbound``.
+
+A pair relayed across a gateway is two hops (requests one way, replies the other); the ends
+themselves are :class:`RelayEnd`, which hand the transport's link events to their owner.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import Protocol
+
+import attrs
+import structlog
+import trio
+
+from framework.amqp.codec import decode_from, encode
+from framework.amqp.errors import DecodeError, LocalProtocolError
+from framework.amqp.link import Delivery, Link, LinkState
+from framework.amqp.messaging import Error, Header, Modified, Released
+from framework.endpoints import Endpoint
+from framework.transport import AmqpConnection
+
+log = structlog.get_logger("pairlink.gateway")
+
+_HEADER_CODE = 0x70
+
+
+class EndOwner(Protocol):
+    """What owns relay ends: told of every event on them, from the connection's reader."""
+
+    def end_attached(self, end: RelayEnd) -> None: ...
+    def end_flowed(self, end: RelayEnd) -> None: ...
+    def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None: ...
+    def end_updated(self, end: RelayEnd, delivery: Delivery) -> None: ...
+    def end_ended(self, end: RelayEnd) -> None: ...
+
+
+class RelayEnd(Endpoint):
+    """One link end of a relay (either side of the gateway, either direction)."""
+
+    def __init__(self, conn: AmqpConnection, link: Link, owner: EndOwner) -> None:
+        super().__init__(conn, link)
+        self.owner = owner
+
+    @property
+    def usable(self) -> bool:
+        return self.detached is None and self.link.state is LinkState.ATTACHED
+
+    def on_attached(self) -> None:
+        self.owner.end_attached(self)
+
+    def on_flow(self) -> None:
+        self.owner.end_flowed(self)
+
+    def on_message(self, delivery: Delivery, payload: bytes) -> None:
+        self.owner.end_received(self, delivery, payload)
+
+    def on_update(self, delivery: Delivery) -> None:
+        self.owner.end_updated(self, delivery)
+
+    def on_ended(self) -> None:
+        self.owner.end_ended(self)
+
+    def detach(self, error: Error | None) -> None:
+        """Detach our end (closed) with ``error``, unless it is over already."""
+        attached = self.link.state in (LinkState.ATTACHED, LinkState.ATTACH_SENT)
+        if attached and not self.conn.closed.is_set():
+            self.conn.engine.detach(self.link, closed=True, error=error)
+            self.conn.kick()
+
+    def ending_error(self) -> Error | None:
+        """The error this end was detached with (None: a plain detach, or it went with its
+        connection or session)."""
+        detached = self.detached
+        if detached is None or detached.condition is None:
+            return None
+        return Error(condition=detached.condition, description=detached.description)
+
+
+@attrs.define
+class _Waiting:
+    delivery: Delivery
+    payload: bytes
+    since: float
+
+
+class Hop:
+    """Messages from ``inbound`` to ``outbound`` (see the module docstring)."""
+
+    def __init__(self, inbound: RelayEnd | None = None, outbound: RelayEnd | None = None) -> None:
+        self.inbound = inbound
+        self.outbound = outbound
+        self.waiting: deque[_Waiting] = deque()
+        self.forwarded: dict[Delivery, Delivery] = {}  # outbound delivery -> inbound delivery
+
+    # -- credit ----------------------------------------------------------------------------
+
+    def outbound_credit(self) -> int:
+        out = self.outbound
+        return out.link.link_credit if out is not None and out.usable else 0
+
+    def mirror_credit(self, credit: int | None = None) -> None:
+        """Grant ``inbound`` what ``outbound`` may take (or ``credit``), less what waits."""
+        inbound = self.inbound
+        if inbound is None or not inbound.usable:
+            return
+        want = self.outbound_credit() if credit is None else credit
+        want = max(0, want - len(self.waiting))
+        if want != inbound.link.link_credit:
+            inbound.conn.engine.flow(inbound.link, want)
+            inbound.conn.kick()
+
+    # -- messages --------------------------------------------------------------------------
+
+    def arrive(self, delivery: Delivery, payload: bytes) -> None:
+        if self.waiting or self.outbound_credit() <= 0:
+            self.waiting.append(_Waiting(delivery, payload, trio.current_time()))
+            return
+        self._forward(delivery, payload, 0.0)
+
+    def pump(self) -> None:
+        """Forward what waits, as far as ``outbound``'s credit goes."""
+        now = trio.current_time()
+        while self.waiting and self.outbound_credit() > 0:
+            item = self.waiting.popleft()
+            self._forward(item.delivery, item.payload, now - item.since)
+
+    def _forward(self, delivery: Delivery, payload: bytes, waited: float) -> None:
+        out = self.outbound
+        assert out is not None
+        try:
+            payload = with_ttl_reduced(payload, int(waited * 1000))
+            sent = out.conn.engine.send(out.link, payload, settled=delivery.settled)
+        except (DecodeError, LocalProtocolError) as exc:
+            log.warning("relay.unforwardable", link=out.link.name, error=str(exc))
+            self._settle_inbound(delivery, Modified(delivery_failed=True, undeliverable_here=True))
+            return
+        if not delivery.settled:
+            self.forwarded[sent] = delivery
+        out.conn.kick()
+
+    def outcome(self, sent: Delivery) -> None:
+        """``outbound``'s receiver decided on ``sent``: say the same on ``inbound``."""
+        if sent.remote_state is None and not sent.remote_settled:
+            return
+        delivery = self.forwarded.pop(sent, None)
+        if delivery is None:
+            return
+        self._settle_inbound(delivery, sent.remote_state)
+        out = self.outbound
+        if not sent.settled and out is not None and out.usable:
+            out.conn.engine.settle(sent, sent.remote_state)
+            out.conn.kick()
+
+    def _settle_inbound(self, delivery: Delivery, state: object) -> None:
+        inbound = self.inbound
+        if not delivery.settled and inbound is not None and inbound.usable:
+            inbound.conn.engine.settle(delivery, state)
+            inbound.conn.kick()
+
+    def abandon(self) -> None:
+        """``outbound`` is gone: release what never left, and report what left without an
+        outcome as ``modified(delivery-failed)``: it may or may not have been processed."""
+        while self.waiting:
+            self._settle_inbound(self.waiting.popleft().delivery, Released())
+        for delivery in self.forwarded.values():
+            self._settle_inbound(delivery, Modified(delivery_failed=True))
+        self.forwarded.clear()
+
+
+def with_ttl_reduced(payload: bytes, elapsed_ms: int) -> bytes:
+    """``payload`` with its header's ``ttl`` cut by ``elapsed_ms`` (at least to 1: an expiry
+    is the receiver's to declare); the same bytes when there is nothing to cut."""
+    if elapsed_ms <= 0 or len(payload) < 3 or payload[:3] != b"\x00\x53\x70":
+        return payload
+    header, end = decode_from(payload, 0)
+    if not isinstance(header, Header) or header.ttl is None:
+        return payload
+    reduced = copy.copy(header)
+    reduced.ttl = max(1, header.ttl - elapsed_ms)
+    return encode(reduced) + payload[end:]
