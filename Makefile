@@ -9,7 +9,7 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
-EXTRAS ?= test,dev
+EXTRAS ?= test,dev,spark
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SASL_DEBS := libsasl2-dev sasl2-bin
@@ -60,13 +60,15 @@ typecheck: venv
 pytest: venv
 	$(VENV)/bin/pytest
 
-# Until the Spark demo lands, the demo is a service and its callers in one script.
+# The project's main job: 1,000,000 rows enriched by a service, from Spark (local[2]).
 demo: venv
-	$(PY) examples/calc.py
+	$(PY) -m examples.spark_enrich
 
 bench: venv
 	$(PY) -m benchmarks.codec
 	$(PY) -m benchmarks.rpc
+	$(PY) -m benchmarks.gateway
+	$(PY) -m benchmarks.spark
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -18,6 +18,12 @@ answered without the handler (undecodable 400, unknown operation 404, arguments 
 bind 400, deadline passed 408, shutting down 503) is answered at once, so a bad call never
 waits behind good ones. Only calls that will run enter the queue; ``max_concurrency`` worker
 tasks take them in order.
+
+Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
+within the window gets that answer again without running; one whose first copy is still held
+waits for it (holding its own mailbox slot) and gets the same answer (:mod:`framework.dedup`).
+Such a call runs even if its caller went away while it was queued: the repeat that a retrying
+caller is about to send will want its outcome.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from framework import deadline, wire
 from framework.amqp.errors import DECODE_ERROR, INVALID_FIELD, NOT_FOUND, ProtocolError
 from framework.amqp.link import Delivery
 from framework.amqp.messaging import Accepted, Error, Message, Properties, Rejected
+from framework.dedup import DedupStore, Outcome
 from framework.payload import Encoding, PayloadError
 from framework.wire import (
     BAD_REQUEST,
@@ -68,6 +75,7 @@ class Call:
     route: ReplyLink
     origin: RequestLink
     delivery: Delivery
+    key: str | None = None  # its message-id, while it is the running copy of a tracked id
 
 
 class Actor:
@@ -98,6 +106,9 @@ class Actor:
         self._drained = trio.Event()
         self._grant_soon = trio.Event()
         self.finished = trio.Event()  # the workers are done (after begin_stop)
+        self.dedup: DedupStore[Call] | None = None
+        if spec.dedup_window is not None:
+            self.dedup = DedupStore(spec.dedup_window, spec.dedup_size)
 
     @property
     def free(self) -> int:
@@ -219,7 +230,8 @@ class Actor:
             return
         operation = self.operations.get(request.operation)
         if operation is None:
-            why = f"{self.address} has no operation {request.operation!r}"
+            # not the address: a gateway may have given this service another name (LP-11)
+            why = f"the service has no operation {request.operation!r}"
             self.respond(route, origin, delivery, request, wire.NOT_FOUND, why)
         elif request.deadline is not None and request.deadline <= now:
             self.respond(route, origin, delivery, request, TIMEOUT, "the deadline had passed")
@@ -233,6 +245,10 @@ class Actor:
                 self.respond(route, origin, delivery, request, BAD_REQUEST, why)
                 return
             call = Call(operation, request.args, request.kwargs, request, route, origin, delivery)
+            if self.dedup is not None and isinstance(request.message_id, str):
+                if self._repeat(self.dedup, call, request.message_id):
+                    return
+                call.key = request.message_id
             if (
                 operation.mode == "sync"
                 and self.queued == 0
@@ -244,6 +260,15 @@ class Actor:
             else:
                 self.queued += 1
                 self._send.send_nowait(call)
+
+    def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
+        """True if ``call`` repeats a tracked id: answered from the store, or parked behind
+        the copy that is running. False: it is the first, and runs."""
+        stored = dedup.stored(key, trio.current_time())
+        if stored is not None:
+            self._answer(call, stored.status, stored.description, stored.value, stored.error_type)
+            return True
+        return not dedup.claim(key, call)
 
     def _refuse(
         self,
@@ -365,7 +390,7 @@ class Actor:
 
     async def _execute(self, call: Call) -> None:
         request = call.request
-        if not call.route.usable:  # the caller went away while the call was queued
+        if not call.route.usable and call.key is None:  # the caller went away meanwhile
             self.log.info("call.abandoned", operation=request.operation, call=request.message_id)
             self.release()
             return
@@ -459,6 +484,10 @@ class Actor:
             value,
             error_type,
         )
+        if call.key is not None and self.dedup is not None:
+            outcome = Outcome(status, description, value, error_type)
+            for repeat in self.dedup.finish(call.key, outcome, trio.current_time()):
+                self._answer(repeat, status, description, value, error_type)
 
     # -- shutdown --------------------------------------------------------------------------
 

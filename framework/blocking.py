@@ -148,12 +148,19 @@ class Client:
         *args: Any,
         timeout: float | None = None,
         encoding: Encoding | None = None,
+        message_id: str | None = None,
         **kwargs: Any,
     ) -> Any:
         """``Client.call`` of the async client, blocking until the reply (or the error)."""
         return self._run(
             lambda client: client.call(
-                address, operation, *args, timeout=timeout, encoding=encoding, **kwargs
+                address,
+                operation,
+                *args,
+                timeout=timeout,
+                encoding=encoding,
+                message_id=message_id,
+                **kwargs,
             )
         )
 
@@ -195,10 +202,22 @@ class ServiceProxy:
         self.encoding = encoding
 
     def call(
-        self, operation: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+        self,
+        operation: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,
+        message_id: str | None = None,
+        **kwargs: Any,
     ) -> Any:
         return self.client.call(
-            self.address, operation, *args, timeout=timeout, encoding=self.encoding, **kwargs
+            self.address,
+            operation,
+            *args,
+            timeout=timeout,
+            encoding=self.encoding,
+            message_id=message_id,
+            **kwargs,
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Any]:

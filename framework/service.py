@@ -48,6 +48,8 @@ from framework.taskgroups import lone_errors_unwrapped
 from framework.wire import ME
 
 DEFAULT_URL = "amqp://127.0.0.1:5672"
+DEFAULT_DEDUP_SIZE = 100_000
+"""Replies a deduplicating service keeps at most (the oldest go first), whatever its window."""
 DEFAULT_MAILBOX = 128
 """Calls a service holds (queued + running + replies waiting for the caller's credit) unless
 told otherwise; also what one busy caller can have in flight without waiting for credit."""
@@ -123,6 +125,8 @@ class ServiceSpec:
     pairing: bool
     operations: Mapping[str, Operation]
     cls: type
+    dedup_window: float | None = None
+    dedup_size: int = DEFAULT_DEDUP_SIZE
 
 
 @attrs.frozen
@@ -200,6 +204,8 @@ def service(
     max_concurrency: int = 1,
     mailbox: int | None = None,
     pairing: bool = True,
+    dedup_window: float | None = None,
+    dedup_size: int = DEFAULT_DEDUP_SIZE,
 ) -> Callable[[type[Any]], type[Any]]:
     """Serve the decorated class at ``address``.
 
@@ -207,10 +213,18 @@ def service(
     ``mailbox``: calls held at most, which bounds the link credit callers get (default
     ``max(DEFAULT_MAILBOX, 2 * max_concurrency)``). ``pairing=False``: serve only classic
     request-response callers; a paired attach is refused with ``amqp:not-implemented`` (LP-6).
+    ``dedup_window``: seconds to keep the reply to each call whose message-id is a string (a
+    caller's stable key, e.g. ``call_service(key=...)``); a repeat of that id within the
+    window gets the kept reply and the handler does not run again. ``dedup_size``: replies
+    kept at most, the oldest dropped first, so memory stays bounded (:mod:`framework.dedup`).
     """
     if not isinstance(address, str):
         raise TypeError(f'@service needs the address first: @service("name"), got {address!r}')
     _check_limits(address, max_concurrency, mailbox)
+    if dedup_window is not None and not dedup_window > 0:
+        raise ValueError(f"@service({address!r}): dedup_window must be > 0 seconds, or None")
+    if not isinstance(dedup_size, int) or dedup_size < 1:
+        raise ValueError(f"@service({address!r}): dedup_size must be an int >= 1")
 
     def decorate(cls: type[Any]) -> type[Any]:
         if not inspect.isclass(cls):
@@ -222,6 +236,8 @@ def service(
             pairing,
             _collect_operations(cls),
             cls,
+            dedup_window,
+            dedup_size,
         )
         for hook in ("on_start", "on_stop"):
             _check_hook(cls, hook)

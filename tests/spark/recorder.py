@@ -1,0 +1,76 @@
+"""The service the Spark tests call: it records what ran, so tests can assert on effects."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import attrs
+import trio
+
+from framework.container import Server
+from framework.service import handler, service
+
+
+@service("recorder", max_concurrency=64, mailbox=1024, dedup_window=600)
+class Recorder:
+    """``score``: a result from the row, counted per id (the side effect dedup must not
+    repeat), failing for the text ``boom``. ``slow``: holds each call 2 ms and records how many
+    calls of each partition were running at once."""
+
+    def __init__(self) -> None:
+        self.runs: Counter[int] = Counter()
+        self.active: Counter[int] = Counter()
+        self.peaks: Counter[int] = Counter()
+
+    @handler
+    def score(self, id: int, text: str) -> dict[str, object]:
+        self.runs[id] += 1
+        if text == "boom":
+            raise ValueError(f"boom at {id}")
+        return {"score": id / 2, "label": text.upper()}
+
+    @handler
+    async def slow(self, part: int, id: int) -> int:
+        self.active[part] += 1
+        self.peaks[part] = max(self.peaks[part], self.active[part])
+        await trio.sleep(0.002)
+        self.active[part] -= 1
+        return id * 2
+
+
+def expected(id: int) -> tuple[float, str]:
+    """What ``score`` answers for row ``id`` with the text ``row <id>``."""
+    return id / 2, f"ROW {id}"
+
+
+def die_once_at(marker: Path, at: int, row: int) -> int:
+    """An RDD map that kills its Python worker at row ``at``, the first time only (``marker``
+    remembers): a task that dies mid-partition, as an executor lost under load does. It waits
+    a second first, so the calls of the rows before are made and answered."""
+    if row == at and not marker.exists():
+        marker.touch()
+        time.sleep(1.0)
+        os._exit(1)
+    return row
+
+
+@attrs.frozen
+class Served:
+    """A ``Recorder`` and the server it runs in."""
+
+    service: Recorder
+    server: Server
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def dedup_hits(self) -> int:
+        """Calls answered from the dedup store (or by waiting for their first copy)."""
+        dedup = self.server.actors["recorder"].dedup
+        assert dedup is not None
+        return dedup.hits

@@ -1,0 +1,143 @@
+"""call_service and call_partitions on real PySpark (local[2,4]) against a real service."""
+
+from __future__ import annotations
+
+import functools
+import io
+import re
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from framework.spark import ERROR_COLUMN, Progress, call_partitions, call_service
+from tests.spark.recorder import Served, die_once_at, expected
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+
+
+def rows(spark: SparkSession, n: int, partitions: int = 4) -> DataFrame:
+    return spark.range(n, numPartitions=partitions).selectExpr("id", "concat('row ', id) as text")
+
+
+def score(df: DataFrame, url: str, **options: object) -> DataFrame:
+    return call_service(
+        df,
+        url=url,
+        address="recorder",
+        operation="score",
+        args=["id", "text"],
+        result_schema="score double, label string",
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_every_row_gets_its_own_reply_joined_in_input_order(spark, recorder: Served) -> None:
+    service, url = recorder.service, recorder.url
+    out = score(rows(spark, 10_000), url, key="id", in_flight=64)
+    assert out.columns == ["id", "text", "score", "label"]
+    got = [tuple(row) for row in out.collect()]
+    assert got == [(i, f"row {i}", *expected(i)) for i in range(10_000)]
+    assert service.runs == dict.fromkeys(range(10_000), 1)
+
+
+def test_a_consumer_that_stops_early_ends_the_tasks(spark, recorder: Served) -> None:
+    url = recorder.url
+    got = score(rows(spark, 5000, partitions=2), url).limit(3).collect()
+    assert [tuple(row) for row in got] == [(i, f"row {i}", *expected(i)) for i in range(3)]
+
+
+def test_on_error_column_fills_error_and_leaves_the_results_null(spark, recorder: Served) -> None:
+    url = recorder.url
+    df = spark.range(1000, numPartitions=2).selectExpr(
+        "id", "if(id % 7 = 0, 'boom', concat('row ', id)) as text"
+    )
+    out = score(df, url, on_error="column")
+    assert out.columns == ["id", "text", "score", "label", ERROR_COLUMN]
+    for row in out.collect():
+        if row.id % 7 == 0:
+            assert (row.score, row.label) == (None, None)
+            assert row[ERROR_COLUMN] == f"[500] ValueError: boom at {row.id}"
+        else:
+            assert (row.score, row.label, row[ERROR_COLUMN]) == (*expected(row.id), None)
+
+
+def test_on_error_raise_fails_the_job_with_the_remote_error(spark, recorder: Served) -> None:
+    url = recorder.url
+    df = spark.range(100, numPartitions=1).selectExpr(
+        "id", "if(id = 42, 'boom', concat('row ', id)) as text"
+    )
+    with pytest.raises(Exception, match=r"RemoteError: \[500\] ValueError: boom at 42"):
+        score(df, url, key="id").collect()
+
+
+def test_a_task_never_has_more_than_in_flight_calls_outstanding(spark, recorder: Served) -> None:
+    service, url = recorder.service, recorder.url
+    df = spark.range(0, 1200, numPartitions=2).selectExpr("spark_partition_id() as part", "id")
+    out = call_service(
+        df,
+        url=url,
+        address="recorder",
+        operation="slow",
+        args=["part", "id"],
+        result_schema="doubled long",
+        in_flight=7,
+    )
+    assert [row.doubled for row in out.collect()] == [2 * i for i in range(1200)]
+    assert dict(service.peaks) == {0: 7, 1: 7}  # reached, never passed, by each task
+
+
+def test_a_task_killed_mid_partition_is_retried_and_each_key_runs_once(
+    spark, recorder: Served, tmp_path: Path
+) -> None:
+    service, url = recorder.service, recorder.url
+    marker = tmp_path / "killed"
+    rdd = spark.sparkContext.parallelize(range(3000), 1).map(
+        functools.partial(die_once_at, marker, 2500)
+    )
+    out = call_partitions(
+        rdd,
+        url=url,
+        address="recorder",
+        operation="score",
+        args=lambda i: (i, f"row {i}"),
+        key=lambda i: i,
+        in_flight=50,
+    )
+    got = out.collect()
+    assert marker.exists()  # the first attempt died
+    assert got == [(i, {"score": expected(i)[0], "label": expected(i)[1]}) for i in range(3000)]
+    assert service.runs == dict.fromkeys(range(3000), 1)
+    assert recorder.dedup_hits >= 1000  # the retry sent again what the dead attempt had sent
+
+
+def test_a_service_that_is_down_fails_the_job_with_a_clear_error(spark) -> None:
+    df = rows(spark, 100, partitions=1)
+    why = re.escape("cannot reach the service 'recorder' at amqp://127.0.0.1:1")
+    with pytest.raises(Exception, match=why):
+        score(df, "amqp://127.0.0.1:1", connect_timeout=2.0).collect()
+
+
+def test_progress_counts_every_row_over_the_side_channel(spark, recorder: Served) -> None:
+    url = recorder.url
+    stream = io.StringIO()
+    with Progress(spark, total=10_000, stream=stream) as progress:
+        df = rows(spark, 10_000).selectExpr("id", "if(id % 100 = 0, 'boom', text) as text")
+        score(df, url, on_error="column", progress=progress).write.format("noop").mode(
+            "overwrite"
+        ).save()
+    assert (progress.mode, progress.rows, progress.errors) == ("rows", 10_000, 100)
+    assert "100.0%  10,000/10,000 rows" in stream.getvalue()
+
+
+def test_progress_falls_back_to_tasks_when_the_side_channel_is_unreachable(
+    spark, recorder: Served
+) -> None:
+    url = recorder.url
+    stream = io.StringIO()
+    with Progress(spark, stream=stream, advertise="amqp://127.0.0.1:1") as progress:
+        got = score(rows(spark, 2000), url, progress=progress).collect()
+    assert len(got) == 2000
+    assert (progress.mode, progress.rows) == ("tasks", 0)
+    assert progress.tasks() == (4, 4)
+    assert "tasks 4/4 done" in stream.getvalue()

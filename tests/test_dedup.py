@@ -1,0 +1,213 @@
+"""Duplicate detection: the pure store, then a deduplicating service over real TCP."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import trio
+
+from framework import Client, RemoteError, blocking, connect, handler, open_server, service
+from framework.dedup import DedupStore, Outcome
+from framework.spark import serve_in_thread
+from framework.wire import CallError
+
+OK = Outcome(200, "OK", {"score": 1.0})
+
+# -- the store ---------------------------------------------------------------------------------
+
+
+def test_a_finished_call_is_answered_from_the_store_until_its_window_ends() -> None:
+    store: DedupStore[str] = DedupStore(window=10.0, size=100)
+    assert store.stored("k", now=0.0) is None
+    assert store.claim("k", "first")
+    assert store.finish("k", OK, now=1.0) == []
+    assert store.stored("k", now=10.9) == OK
+    assert store.hits == 1
+    assert store.stored("k", now=11.0) is None  # kept 10 s from when it finished
+    store.claim("other", "x")
+    store.finish("other", OK, now=11.0)  # finishing drops what has expired
+    assert len(store) == 1
+
+
+def test_repeats_arriving_while_the_call_runs_wait_for_its_outcome() -> None:
+    store: DedupStore[str] = DedupStore(window=10.0, size=100)
+    assert store.claim("k", "first")
+    assert not store.claim("k", "second")
+    assert not store.claim("k", "third")
+    assert store.finish("k", OK, now=0.0) == ["second", "third"]
+    assert store.hits == 2
+    assert store.claim("other", "x")  # another id is independent
+
+
+def test_the_size_bound_drops_the_oldest_outcomes_first() -> None:
+    store: DedupStore[str] = DedupStore(window=100.0, size=3)
+    for n, key in enumerate("abcde"):
+        store.claim(key, key)
+        store.finish(key, Outcome(200, "OK", n), now=float(n))
+    assert len(store) == 3
+    assert store.stored("a", now=5.0) is None
+    assert store.stored("b", now=5.0) is None
+    assert [store.stored(k, now=5.0) for k in "cde"] == [Outcome(200, "OK", n) for n in (2, 3, 4)]
+
+
+def test_expiry_follows_completion_order_and_a_rerun_refreshes_its_entry() -> None:
+    store: DedupStore[str] = DedupStore(window=10.0, size=100)
+    for key, at in (("a", 0.0), ("b", 5.0)):
+        store.claim(key, key)
+        store.finish(key, OK, now=at)
+    store.claim("a", "a")
+    store.finish("a", OK, now=8.0)  # a ran again after expiring elsewhere: kept from 8 s
+    assert store.stored("b", now=15.0) is None
+    assert store.stored("a", now=15.0) == OK
+
+
+@pytest.mark.parametrize("status", [408, 503])
+def test_outcomes_of_calls_that_did_not_complete_are_not_kept(status: int) -> None:
+    store: DedupStore[str] = DedupStore(window=10.0, size=100)
+    store.claim("k", "first")
+    store.claim("k", "second")
+    assert store.finish("k", Outcome(status, "no"), now=0.0) == ["second"]
+    assert store.stored("k", now=0.0) is None
+    assert store.claim("k", "retry")  # a retry runs it
+
+
+def test_the_store_refuses_settings_that_bound_nothing() -> None:
+    with pytest.raises(ValueError, match="window"):
+        DedupStore(window=0.0, size=1)
+    with pytest.raises(ValueError, match="size"):
+        DedupStore(window=1.0, size=0)
+
+
+# -- a deduplicating service -------------------------------------------------------------------
+
+
+@service("ledger", max_concurrency=16, dedup_window=60)
+class Ledger:
+    """Counts how often each handler body ran: the side effect dedup must not repeat."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, int] = {}
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    @handler
+    def add(self, account: str, amount: int) -> int:
+        self.runs[account] = self.runs.get(account, 0) + 1
+        return amount * 2
+
+    @handler
+    async def slow_add(self, account: str, amount: int) -> int:
+        self.runs[account] = self.runs.get(account, 0) + 1
+        self.started.set()
+        await self.release.wait()
+        return amount * 3
+
+    @handler
+    def fail(self, account: str) -> None:
+        self.runs[account] = self.runs.get(account, 0) + 1
+        raise ValueError(f"no account {account}")
+
+    @handler
+    def busy(self, account: str) -> None:
+        self.runs[account] = self.runs.get(account, 0) + 1
+        raise CallError(503, "try again")
+
+
+async def test_a_repeated_string_message_id_gets_the_stored_reply_without_running() -> None:
+    ledger = Ledger()
+    async with open_server(ledger, listen="amqp://127.0.0.1:0") as server:
+        async with connect(server.url) as first:
+            assert await first.call("ledger", "add", "a", 5, message_id="job1:a") == 10
+        async with connect(server.url) as again:  # a retried task: a new connection
+            assert await again.call("ledger", "add", "a", 5, message_id="job1:a") == 10
+            assert await again.call("ledger", "add", "a", 5, message_id="job2:a") == 10
+            assert await again.call("ledger", "add", "b", 1) == 2  # counter ids: not tracked
+            assert await again.call("ledger", "add", "b", 1) == 2
+    assert ledger.runs == {"a": 2, "b": 2}
+
+
+async def test_a_repeat_arriving_while_the_first_runs_waits_and_gets_the_same_reply() -> None:
+    ledger = Ledger()
+    results: list[int] = []
+    async with (
+        open_server(ledger, listen="amqp://127.0.0.1:0") as server,
+        connect(server.url) as one,
+        connect(server.url) as two,
+    ):
+
+        async def call(client: Client) -> None:
+            results.append(await client.call("ledger", "slow_add", "x", 1, message_id="k"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, one)
+            nursery.start_soon(call, two)
+            dedup = server.actors["ledger"].dedup
+            assert dedup is not None
+            while dedup.hits == 0:  # noqa: ASYNC110 - until the repeat is parked
+                await trio.sleep(0.01)
+            ledger.release.set()
+    assert results == [3, 3]
+    assert ledger.runs == {"x": 1}
+
+
+async def test_a_handler_failure_is_kept_and_repeated_but_a_503_is_run_again() -> None:
+    ledger = Ledger()
+    async with (
+        open_server(ledger, listen="amqp://127.0.0.1:0") as server,
+        connect(server.url) as client,
+    ):
+        for _ in range(2):
+            with pytest.raises(RemoteError) as failed:
+                await client.call("ledger", "fail", "f", message_id="f")
+            assert (failed.value.status, failed.value.type) == (500, "ValueError")
+            with pytest.raises(RemoteError) as busy:
+                await client.call("ledger", "busy", "b", message_id="b")
+            assert busy.value.status == 503
+    assert ledger.runs == {"f": 1, "b": 2}
+
+
+async def test_a_message_id_already_in_flight_on_the_connection_is_refused() -> None:
+    ledger = Ledger()
+    async with (
+        open_server(ledger, listen="amqp://127.0.0.1:0") as server,
+        connect(server.url) as client,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(
+            functools.partial(client.call, "ledger", "slow_add", "d", 1, message_id="dup")
+        )
+        await ledger.started.wait()
+        with pytest.raises(ValueError, match="already in flight"):
+            await client.call("ledger", "slow_add", "d", 1, message_id="dup")
+        ledger.release.set()
+    assert ledger.runs == {"d": 1}
+
+
+def test_service_checks_its_dedup_settings() -> None:
+    with pytest.raises(ValueError, match="dedup_window"):
+        service("x", dedup_window=0)
+    with pytest.raises(ValueError, match="dedup_size"):
+        service("x", dedup_window=1, dedup_size=0)
+
+
+def test_the_blocking_client_and_proxies_pass_the_message_id_on() -> None:
+    ledger = Ledger()
+    with (
+        serve_in_thread(ledger, listen="amqp://127.0.0.1:0") as server,
+        blocking.connect(server.url, timeout=5) as client,
+    ):
+        assert client.call("ledger", "add", "a", 1, message_id="m") == 2
+        assert client.service("ledger").call("add", "a", 1, message_id="m") == 2
+    assert ledger.runs == {"a": 1}
+
+
+async def test_the_async_proxy_passes_the_message_id_on() -> None:
+    ledger = Ledger()
+    async with (
+        open_server(ledger, listen="amqp://127.0.0.1:0") as server,
+        connect(server.url) as client,
+    ):
+        proxy = await client.service("ledger")
+        assert [await proxy.call("add", "p", 4, message_id="p") for _ in range(2)] == [8, 8]
+    assert ledger.runs == {"p": 1}
