@@ -56,10 +56,6 @@ from framework.timeouts import Timeouts
 
 log = structlog.get_logger("pairlink.client")
 
-_RETRYABLE = (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionLostError)
-"""What a reconnect attempt may fail with and still be worth another try (not: wrong
-credentials, which ``AuthenticationError`` reports at once)."""
-
 
 @attrs.define(eq=False)
 class _Call:
@@ -474,7 +470,7 @@ class Client:
                 await amqp.closed.wait()
                 if amqp.error is not None:
                     log.info("client.connection_lost", conn=amqp.id, error=str(amqp.error))
-        except (*_RETRYABLE, PairlinkError):
+        except (*transport.CONNECT_FAILURES, PairlinkError):
             if not started:
                 raise  # to the caller of _open
             # after start the loss is reported to the calls through their links
@@ -496,7 +492,7 @@ class Client:
                     conn = await self._open()
                 except AuthenticationError:
                     raise
-                except (*_RETRYABLE, TimeoutError) as exc:
+                except (*transport.CONNECT_FAILURES, TimeoutError) as exc:
                     self._failures += 1
                     delay = jittered_backoff(self._failures, self.retry_delay, self.max_retry_delay)
                     self._next_attempt = trio.current_time() + delay

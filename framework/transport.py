@@ -63,6 +63,11 @@ HANDSHAKE_TIMEOUT = 30.0
 _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError)
 _conn_ids = itertools.count(1)
 
+CONNECT_FAILURES = (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionLostError)
+"""What ``connect`` (or a connection it made) may fail with that another attempt may not:
+network trouble, a timeout, a failed TLS handshake, a lost connection (``AuthenticationError``
+is one too: wrong credentials stay wrong, so callers that retry check for it first)."""
+
 OnAttach = Callable[["AmqpConnection", Link], None]
 """Called for each link the peer opens; must answer it (``accept_*``) or ``refuse`` it."""
 
@@ -588,14 +593,21 @@ async def connect(
     """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
     user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it."""
     parsed = AmqpUrl.parse(url)
+    peer = f"{parsed.host}:{parsed.port}"
     with trio.fail_after(connect_timeout):
         stream: trio.abc.Stream = await trio.open_tcp_stream(parsed.host, parsed.port)
     if parsed.tls:
         context = ssl_context or ssl.create_default_context()
         stream = trio.SSLStream(stream, context, server_hostname=parsed.host)
-        with trio.fail_after(connect_timeout):
-            await stream.do_handshake()
-    peer = f"{parsed.host}:{parsed.port}"
+        try:
+            with trio.fail_after(connect_timeout):
+                await stream.do_handshake()
+        except BaseException as exc:
+            await trio.aclose_forcefully(stream)
+            if isinstance(exc, trio.BrokenResourceError):  # say why: the ssl error it wraps
+                why = exc.__cause__ or exc
+                raise ConnectionLostError(f"TLS handshake with {peer} failed: {why}") from exc
+            raise
     async with open_connection(
         stream, client_config(parsed, **config), initiator=True, peer=peer, on_attach=on_attach
     ) as conn:

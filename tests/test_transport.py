@@ -132,6 +132,16 @@ async def test_tls_both_ways(tls_files: TlsFiles) -> None:
         assert node.got["q"][0].body == "secret"
 
 
+async def test_an_untrusted_server_certificate_fails_the_handshake_with_its_reason(
+    tls_files: TlsFiles,
+) -> None:
+    async with queue_server(ssl_context=tls_files.server_context()) as (listener, _):
+        with pytest.raises(ConnectionLostError) as exc:  # the default context: system CAs
+            async with connect(f"amqps://localhost:{listener.port}"):
+                pass
+    assert "TLS handshake" in str(exc.value) and "CERTIFICATE_VERIFY_FAILED" in str(exc.value)
+
+
 async def test_sasl_external_takes_the_tls_client_certificate(tls_files: TlsFiles) -> None:
     server_ctx = tls_files.server_context(require_client_cert=True)
     identities: list[str | None] = []

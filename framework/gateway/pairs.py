@@ -104,8 +104,10 @@ class UpstreamPair:
                         await self._until(self._has_credit)
             if scope.cancelled_caught and self.failure is None:
                 self.fail(Error(DETACH_FORCED, "the next hop did not answer the pair in time"))
-        except UpstreamUnavailable as exc:
-            self.fail(Error(DETACH_FORCED, f"the next hop for {self.route.public!r}: {exc}"))
+        except UpstreamUnavailable:
+            self.fail(
+                Error(DETACH_FORCED, f"the next hop for {self.route.public!r} is unreachable")
+            )
         return self.failure
 
     def _attach(self, conn: AmqpConnection) -> None:

@@ -66,7 +66,7 @@ class Upstream:
         while True:
             try:
                 await self._hold()
-            except (OSError, PairlinkError, TimeoutError, ssl.SSLError) as exc:
+            except (*transport.CONNECT_FAILURES, PairlinkError, TimeoutError) as exc:
                 self._failures += 1
                 delay = jittered_backoff(self._failures, RETRY_DELAY, MAX_RETRY_DELAY)
                 self._log.warning(
