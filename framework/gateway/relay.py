@@ -32,6 +32,7 @@ from framework.amqp.errors import DecodeError, LocalProtocolError
 from framework.amqp.link import Delivery, Link, LinkState
 from framework.amqp.messaging import Error, Header, Modified, Released
 from framework.endpoints import Endpoint
+from framework.errors import PairlinkError
 from framework.transport import AmqpConnection
 
 log = structlog.get_logger("pairlink.gateway")
@@ -83,12 +84,14 @@ class RelayEnd(Endpoint):
             self.conn.kick()
 
     def ending_error(self) -> Error | None:
-        """The error this end was detached with (None: a plain detach, or it went with its
-        connection or session)."""
-        detached = self.detached
-        if detached is None or detached.condition is None:
+        """The error this end went with: its detach's, else (it went with its session or
+        connection) the connection's close error; None for a plain ending."""
+        source: PairlinkError | None = self.detached
+        if source is None or source.condition is None:
+            source = self.conn.error
+        if source is None or source.condition is None:
             return None
-        return Error(condition=detached.condition, description=detached.description)
+        return Error(condition=source.condition, description=source.description)
 
 
 @attrs.define

@@ -493,6 +493,33 @@ async def test_lp11_detach_propagates_upstream_with_its_error(chain: Chain) -> N
         assert await client.call(PUBLIC, "echo", 2) == 2  # new pairs, end to end
 
 
+async def test_lp11_a_close_with_an_error_propagates_upstream_as_the_pairs_detach(
+    chain: Chain,
+) -> None:
+    closing = Error(condition="amqp:connection:forced", description="client shutting down")
+    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+        name = "closed-with-error"
+        sender = conn.open_sender(
+            PUBLIC, name=name, source_address=name, properties=paired_properties()
+        )
+        receiver = conn.open_receiver(
+            PUBLIC, name=name, target_address=name, properties=paired_properties()
+        )
+        with trio.fail_after(10):
+            await sender.send(routed_request(1, None), settled=True)
+            assert wire.parse_reply((await receiver.receive()).message) == "routed-1"
+        await conn.close(closing)
+    with trio.fail_after(10):
+        handles = {a.handle for a in pair_attaches(chain.gn_go.up(), PUBLIC)}
+
+        def detached() -> bool:
+            return {d.handle for d in chain.gn_go.up().of(Detach) if d.closed} >= handles
+
+        await wait_until(detached)
+    errors = [d.error for d in chain.gn_go.up().of(Detach) if d.handle in handles]
+    assert [e.condition if e else None for e in errors] == [closing.condition] * 2
+
+
 # -- credit end to end ------------------------------------------------------------------------
 
 

@@ -111,6 +111,24 @@ def test_a_task_killed_mid_partition_is_retried_and_each_key_runs_once(
     assert recorder.dedup_hits >= 1000  # the retry sent again what the dead attempt had sent
 
 
+def test_a_dataframe_task_killed_mid_partition_is_retried_and_each_key_runs_once(
+    spark: SparkSession, recorder: Served, tmp_path: Path
+) -> None:
+    """The same through ``call_service``: a Python UDF ahead of the calls kills the worker
+    once at row 2500; Spark retries the task, which sends the same ids (``key``)."""
+    from pyspark.sql.functions import udf
+
+    service = recorder.service
+    marker = tmp_path / "killed"
+    die_udf = udf(lambda row: die_once_at(marker, 2500, row), "long")
+    df = rows(spark, 3000, partitions=1).select(die_udf("id").alias("id"), "text")
+    got = score(df, recorder.url, key="id", in_flight=50).orderBy("id").collect()
+    assert marker.exists()  # the first attempt died
+    assert [(r.id, r.score, r.label) for r in got] == [(i, *expected(i)) for i in range(3000)]
+    assert service.runs == dict.fromkeys(range(3000), 1)
+    assert recorder.dedup_hits >= 1  # the retry sent again what the dead attempt had sent
+
+
 def test_a_service_that_is_down_fails_the_job_with_a_clear_error(spark) -> None:
     df = rows(spark, 100, partitions=1)
     why = re.escape("cannot reach the service 'recorder' at amqp://127.0.0.1:1")
