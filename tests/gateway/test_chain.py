@@ -34,6 +34,7 @@ from framework.amqp.performatives import (
     Flow,
 )
 from framework.client import Client, connect
+from framework.endpoints import Receiver, Sender
 from framework.errors import (
     AuthenticationError,
     ConnectionLostError,
@@ -464,19 +465,24 @@ async def test_lp11_outcomes_flow_end_to_end(chain: Chain) -> None:
             assert await client.call(PUBLIC, "echo", i) == i
 
 
+async def paired_round_trip(conn: transport.AmqpConnection, name: str) -> tuple[Sender, Receiver]:
+    """Attach a pair by hand to the public address and make one call on it."""
+    sender = conn.open_sender(
+        PUBLIC, name=name, source_address=name, properties=paired_properties()
+    )
+    receiver = conn.open_receiver(
+        PUBLIC, name=name, target_address=name, properties=paired_properties()
+    )
+    with trio.fail_after(10):
+        await sender.send(routed_request(1, None), settled=True)
+        assert wire.parse_reply((await receiver.receive()).message) == "routed-1"
+    return sender, receiver
+
+
 async def test_lp11_detach_propagates_upstream_with_its_error(chain: Chain) -> None:
     gone = Error(condition="com.example:client-gone", description="the caller went away")
     async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
-        name = "closing-pair"
-        sender = conn.open_sender(
-            PUBLIC, name=name, source_address=name, properties=paired_properties()
-        )
-        receiver = conn.open_receiver(
-            PUBLIC, name=name, target_address=name, properties=paired_properties()
-        )
-        with trio.fail_after(10):
-            await sender.send(routed_request(1, None), settled=True)
-            assert wire.parse_reply((await receiver.receive()).message) == "routed-1"
+        sender, receiver = await paired_round_trip(conn, "closing-pair")
         await sender.close(gone)
         await receiver.close(gone)
         with trio.fail_after(10):
@@ -498,16 +504,7 @@ async def test_lp11_a_close_with_an_error_propagates_upstream_as_the_pairs_detac
 ) -> None:
     closing = Error(condition="amqp:connection:forced", description="client shutting down")
     async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
-        name = "closed-with-error"
-        sender = conn.open_sender(
-            PUBLIC, name=name, source_address=name, properties=paired_properties()
-        )
-        receiver = conn.open_receiver(
-            PUBLIC, name=name, target_address=name, properties=paired_properties()
-        )
-        with trio.fail_after(10):
-            await sender.send(routed_request(1, None), settled=True)
-            assert wire.parse_reply((await receiver.receive()).message) == "routed-1"
+        await paired_round_trip(conn, "closed-with-error")
         await conn.close(closing)
     with trio.fail_after(10):
         handles = {a.handle for a in pair_attaches(chain.gn_go.up(), PUBLIC)}
