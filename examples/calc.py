@@ -1,6 +1,6 @@
 """A service and its callers in one script: the shortest tour of pairlink.
 
-Run it with ``make demo`` (or ``.venv/bin/python examples/calc.py``). It serves a calculator on
+Run it with ``.venv/bin/python examples/calc.py``. It serves a calculator on
 127.0.0.1 (a free port), calls it over a paired link, shows a remote error, then makes 2,000
 calls with 100 in flight and prints the rate.
 """

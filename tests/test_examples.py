@@ -1,0 +1,44 @@
+"""The examples run as the README says: smallest script, and the main job on a small scale."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.timeout(60)
+def test_the_calculator_example_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "calc.py")],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "add(1, 2) = 3" in done.stdout.splitlines()
+    assert "div(1, 0) failed remotely: status 500, ZeroDivisionError" in done.stdout
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_the_demo_enriches_through_the_gateway_chain() -> None:
+    """``make demo`` on 3,000 rows: Spark, the org chain (three processes), the progress
+    bar; it exits 0 only if every row came back without error."""
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.spark_enrich", "--rows", "3000", "--partitions", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "calling the enrichment service through gateways GN -> GO -> CO" in done.stdout
+    assert "enriched 3,000 rows in" in done.stdout and "(0 errors)" in done.stdout
+    assert "3,000/3,000 rows" in done.stderr  # the progress bar, row-level
