@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
-from framework.amqp.errors import PRECONDITION_FAILED
+from framework.amqp.errors import DETACH_FORCED, PRECONDITION_FAILED
 from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Error, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("pairlink.gateway")
 
-DETACH_FORCED = "amqp:link:detach-forced"
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream
 pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
