@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,12 +24,13 @@ from pathlib import Path
 from benchmarks.rpc import (
     READY_TIMEOUT,
     Child,
-    ChildFailed,
     _terminate,
+    alternate,
     children,
     client_argv,
     drive,
     median,
+    run_main,
     server_argv,
 )
 
@@ -157,23 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
-    results: dict[str, list[dict[str, float]]] = {path: [] for path in PATHS}
-    failures = 0
     started = time.monotonic()
-    for index in range(args.rounds):
-        for path in PATHS[index % 2 :] + PATHS[: index % 2]:
-            try:
-                figures = run_round(path, args)
-            except ChildFailed as exc:
-                failures += 1
-                print(f"round {index + 1} {path}: FAILED: {exc}", file=sys.stderr)
-                continue
-            results[path].append(figures)
-            print(
-                f"round {index + 1}/{args.rounds} {path:<9} {figures['throughput']:9,.0f} calls/s"
-                f"  p50 {figures['p50']:6,.0f} µs  p99 {figures['p99']:6,.0f} µs",
-                flush=True,
-            )
+
+    def report(path: str, figures: dict[str, float]) -> str:
+        return (
+            f"{path:<9} {figures['throughput']:9,.0f} calls/s"
+            f"  p50 {figures['p50']:6,.0f} µs  p99 {figures['p99']:6,.0f} µs"
+        )
+
+    results, failures = alternate(PATHS, args.rounds, lambda path: run_round(path, args), report)
     print_table(results, args)
     print(f"{time.monotonic() - started:.0f} s in all")
     direct, gateways = results["direct"], results["gateways"]
@@ -186,8 +178,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the children were stopped on the way out
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

@@ -47,14 +47,17 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ("pairlink", "proton", "grpc")
 READY_TIMEOUT = 60.0
 PHASE_SLACK = 60.0
+
+
+R = TypeVar("R")
 
 
 class ChildFailed(RuntimeError):
@@ -422,6 +425,42 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the finally blocks that stop the children
 
 
+def alternate(
+    names: Sequence[str],
+    rounds: int,
+    measure: Callable[[str], R],
+    report: Callable[[str, R], str],
+) -> tuple[dict[str, list[R]], int]:
+    """``rounds`` rounds of ``measure`` for every name, the order rotated each round so no
+    contestant always runs first (on a cold or a warm machine); prints ``report``'s line for
+    each. A round whose child failed is counted and said, not fatal. Returns the results by
+    name and the number of failed rounds."""
+    results: dict[str, list[R]] = {name: [] for name in names}
+    failures = 0
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in [*names[shift:], *names[:shift]]:
+            try:
+                result = measure(name)
+            except ChildFailed as exc:
+                failures += 1
+                print(f"round {index + 1} {name}: FAILED: {exc}", file=sys.stderr)
+                continue
+            results[name].append(result)
+            print(f"round {index + 1}/{rounds} {report(name, result)}", flush=True)
+    return results, failures
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """A benchmark's ``__main__``: exit with ``main()``'s code; Ctrl-C (its children stopped
+    on the way out) is 130, without a traceback."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
@@ -429,28 +468,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
-    results: dict[str, list[dict[str, float]]] = {stack: [] for stack in args.stacks}
-    failures = 0
     started = time.monotonic()
-    for index in range(args.rounds):
-        shift = index % len(args.stacks)
-        order = args.stacks[shift:] + args.stacks[:shift]
-        for stack in order:
-            try:
-                figures = run_stack(stack, args, pin=args.pin)
-            except ChildFailed as exc:
-                failures += 1
-                print(f"round {index + 1} {stack}: FAILED: {exc}", file=sys.stderr)
-                continue
-            results[stack].append(figures)
-            print(
-                f"round {index + 1}/{args.rounds} {stack:<9}"
-                f" {figures['throughput']:9,.0f} calls/s"
-                f"  p50 {figures['p50']:6,.0f} µs  p99 {figures['p99']:6,.0f} µs"
-                f"  server {figures['throughput.server_us']:6.1f} µs/call"
-                f" ({figures['latency.server_us']:.1f} sequential)",
-                flush=True,
-            )
+
+    def report(stack: str, figures: dict[str, float]) -> str:
+        return (
+            f"{stack:<9} {figures['throughput']:9,.0f} calls/s"
+            f"  p50 {figures['p50']:6,.0f} µs  p99 {figures['p99']:6,.0f} µs"
+            f"  server {figures['throughput.server_us']:6.1f} µs/call"
+            f" ({figures['latency.server_us']:.1f} sequential)"
+        )
+
+    results, failures = alternate(
+        args.stacks, args.rounds, lambda stack: run_stack(stack, args, pin=args.pin), report
+    )
     if args.profile:
         # Pinned apart, neither side preempts the other on a wake-up: cProfile's wall clock
         # would otherwise charge the peer's run to the socket send that woke it.
@@ -487,8 +517,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # the children were stopped on the way out
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    run_main(main)

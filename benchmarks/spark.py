@@ -36,6 +36,8 @@ from typing import Any
 import structlog
 import trio
 
+from benchmarks.rpc import alternate, run_main
+
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "the delivery was fast and the support great but the box arrived broken, row"
 IN_FLIGHT = 200
@@ -179,13 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         spark = local_session("local[2]", "pairlink-bench")
         spark.range(10, numPartitions=2).rdd.count()  # the Python workers start here
         kinds = ["spark", "per-row", "ceiling"]
-        rates: dict[str, list[float]] = {kind: [] for kind in kinds}
-        for index in range(args.rounds):
-            order = kinds[index % 3 :] + kinds[: index % 3]
-            for kind in order:
-                rate = measure(spark, url, kind, args)
-                rates[kind].append(rate)
-                print(f"round {index + 1}/{args.rounds} {kind:<8} {rate:10,.0f} rows/s", flush=True)
+        rates, _ = alternate(
+            kinds,
+            args.rounds,
+            lambda kind: measure(spark, url, kind, args),
+            lambda kind, rate: f"{kind:<8} {rate:10,.0f} rows/s",
+        )
         spark.stop()
     finally:
         assert server.stdin is not None
@@ -205,4 +206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -11,6 +11,7 @@ descriptor lookup, so there is no second copy of any field list.
 
 from __future__ import annotations
 
+import copy
 import datetime
 from typing import Any, Literal, TypeAlias
 
@@ -510,3 +511,23 @@ def bare_message_span(payload: bytes | bytearray | memoryview) -> tuple[int, int
         last_rank, last_code = rank, code
         pos = nxt
     return (start if start >= 0 else end), end
+
+
+_HEADER_START = b"\x00\x53\x70"  # described by the small-ulong code of amqp:header:list
+
+
+def with_ttl_reduced(payload: bytes, elapsed_ms: int) -> bytes:
+    """``payload`` with its header's ``ttl`` cut by ``elapsed_ms``: what an intermediary
+    that held a message may change (the header is not part of the bare message). At least 1
+    is left: declaring the message expired is the receiver's call. The same object comes back
+    when there is nothing to cut."""
+    if elapsed_ms <= 0 or payload[:3] != _HEADER_START:
+        return payload
+    header, end = decode_from(payload, 0)
+    if not isinstance(header, Header) or header.ttl is None:
+        return payload
+    reduced = copy.copy(header)
+    reduced.ttl = max(1, header.ttl - elapsed_ms)
+    out = bytearray()
+    encode_into(reduced, out)
+    return bytes(out) + payload[end:]

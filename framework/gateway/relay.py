@@ -19,7 +19,6 @@ themselves are :class:`RelayEnd`, which hand the transport's link events to thei
 
 from __future__ import annotations
 
-import copy
 from collections import deque
 from typing import Protocol
 
@@ -27,17 +26,14 @@ import attrs
 import structlog
 import trio
 
-from framework.amqp.codec import decode_from, encode
 from framework.amqp.errors import DecodeError, LocalProtocolError
 from framework.amqp.link import Delivery, Link, LinkState
-from framework.amqp.messaging import Error, Header, Modified, Released
+from framework.amqp.messaging import Error, Modified, Released, with_ttl_reduced
 from framework.endpoints import Endpoint
 from framework.errors import PairlinkError
 from framework.transport import AmqpConnection
 
 log = structlog.get_logger("pairlink.gateway")
-
-_HEADER_CODE = 0x70
 
 
 class EndOwner(Protocol):
@@ -183,16 +179,3 @@ class Hop:
         for delivery in self.forwarded.values():
             self._settle_inbound(delivery, Modified(delivery_failed=True))
         self.forwarded.clear()
-
-
-def with_ttl_reduced(payload: bytes, elapsed_ms: int) -> bytes:
-    """``payload`` with its header's ``ttl`` cut by ``elapsed_ms`` (at least to 1: an expiry
-    is the receiver's to declare); the same bytes when there is nothing to cut."""
-    if elapsed_ms <= 0 or len(payload) < 3 or payload[:3] != b"\x00\x53\x70":
-        return payload
-    header, end = decode_from(payload, 0)
-    if not isinstance(header, Header) or header.ttl is None:
-        return payload
-    reduced = copy.copy(header)
-    reduced.ttl = max(1, header.ttl - elapsed_ms)
-    return encode(reduced) + payload[end:]

@@ -1,9 +1,14 @@
-"""What a gateway may change in a message it relays: the header's ttl, nothing else."""
+"""What an intermediary (a gateway) may change in a message it relays: the header's ttl only."""
 
 from __future__ import annotations
 
-from framework.amqp.messaging import Header, Message, Properties, bare_message_span
-from framework.gateway.relay import with_ttl_reduced
+from framework.amqp.messaging import (
+    Header,
+    Message,
+    Properties,
+    bare_message_span,
+    with_ttl_reduced,
+)
 
 
 def _message(header: Header | None) -> bytes:
