@@ -4,6 +4,10 @@ A request's body may come from our client (the pairlink envelope: positional and
 arguments apart), from any msgpack or JSON speaker, as raw bytes, or as an AMQP value (what a
 Proton client sends). The reply answers in the request's own encoding, so every caller can read
 it. The msgpack codec is the default: compact, fast, and it keeps bytes apart from strings.
+
+Decoding a body is bounded like decoding an AMQP message: at most ``max_elements`` values
+(codec.py's ``MAX_ELEMENTS`` by default), so a body of tiny values (8 MiB of empty msgpack
+arrays became 519 MiB) is refused with a ``PayloadError`` instead of held.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from framework.amqp.codec import MAX_ELEMENTS
 from framework.amqp.messaging import BodyKind, Message, Properties
 from framework.amqp.types import Symbol
 
@@ -47,11 +52,47 @@ def _msgpack_dumps(value: Any) -> bytes:
         raise PayloadError(f"cannot encode {type(value).__name__} as msgpack: {exc}") from exc
 
 
-def _msgpack_loads(data: bytes) -> Any:
+def _too_many(max_elements: int) -> PayloadError:
+    return PayloadError(f"body holds more than {max_elements} values")
+
+
+def _msgpack_loads(data: bytes, max_elements: int) -> Any:
+    """Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
+    more: it decodes as is. A longer one counts the items of each array and map as they are
+    built (each container no larger than the bound, so none is built past it)."""
+    extra: dict[str, Any] = {}
+    if len(data) > max_elements:
+        left = [max_elements]
+
+        def count(container: Any) -> Any:
+            left[0] -= len(container) * (2 if type(container) is dict else 1)
+            if left[0] < 0:
+                raise _too_many(max_elements)
+            return container
+
+        extra = {"list_hook": count, "object_hook": count, "max_array_len": max_elements,
+                 "max_map_len": max_elements // 2}  # fmt: skip
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, **extra)
+    except PayloadError:
+        raise
     except (ValueError, msgpack.UnpackException, TypeError) as exc:
+        if extra and "exceeds max_" in str(exc):  # one container over the bound on its own
+            raise _too_many(max_elements) from exc
         raise PayloadError(f"body is not msgpack: {exc}") from exc
+
+
+def _json_loads(data: bytes, max_elements: int) -> Any:
+    """JSON values after the first each follow a comma or an opening bracket: counting those
+    bytes (at memchr speed, strings included, so it errs on the safe side) bounds the values."""
+    if len(data) > max_elements:
+        marks = data.count(b",") + data.count(b"[") + data.count(b"{")
+        if marks >= max_elements:
+            raise _too_many(max_elements)
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # (nesting: RecursionError)
+        raise PayloadError(f"body is not JSON: {exc}") from exc
 
 
 def encoding_of(message: Message) -> Encoding:
@@ -76,8 +117,9 @@ def _data_bytes(message: Message) -> bytes:
     raise PayloadError(f"expected a data body, got {message.body_kind}")
 
 
-def decode_value(message: Message) -> tuple[Any, Encoding]:
-    """The value a message's body carries, and the encoding it came in."""
+def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[Any, Encoding]:
+    """The value a message's body carries, and the encoding it came in; ``PayloadError`` for a
+    body that is not what it claims or holds more than ``max_elements`` values."""
     encoding = encoding_of(message)
     if encoding is Encoding.AMQP_VALUE:
         if message.body_kind == "sequence":
@@ -85,12 +127,9 @@ def decode_value(message: Message) -> tuple[Any, Encoding]:
         return message.body, encoding
     data = _data_bytes(message)
     if encoding in (Encoding.MSGPACK, Encoding.ENVELOPE):
-        return _msgpack_loads(data), encoding
+        return _msgpack_loads(data, max_elements), encoding
     if encoding is Encoding.JSON:
-        try:
-            return json.loads(data), encoding
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise PayloadError(f"body is not JSON: {exc}") from exc
+        return _json_loads(data, max_elements), encoding
     return data, encoding
 
 

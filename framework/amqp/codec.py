@@ -6,8 +6,9 @@ the constructor byte through a 256-entry table of ``(buf, offset, depth) -> (val
 functions over ``bytes``/``memoryview`` without copying.
 
 Malformed input of any kind surfaces as ``DecodeError``: sizes and counts are checked against the
-data before anything is allocated, nesting is capped, and the few low-level errors a truncated
-buffer can still raise are translated at the public entry points.
+data before anything is allocated, nesting is capped, so is the number of values one decode may
+build (``MAX_ELEMENTS``), and the few low-level errors a truncated buffer can still raise are
+translated at the public entry points. Whatever decodes encodes again.
 
 Described classes (``@composite``/``@restricted``) are compiled in described.py, from the
 encoders and decoders here; it registers them in ``_ENCODERS`` (by type) and ``_CLASS_DEC`` (by
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import struct
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +50,41 @@ Decoder = Callable[[Any, int, int], tuple[Any, int]]
 
 MAX_DEPTH = 64
 """Deepest nesting of lists/maps/arrays/described values accepted (bounds recursion)."""
+
+MAX_ELEMENTS = 1 << 17
+"""Most values one decode (a frame's performative, a whole message) may build: the items of its
+lists, maps and arrays, and a composite's fields where a list, map or array holds composites,
+counted as each compound starts.
+
+Sizes already stop a count from outrunning the bytes, but one byte can still become an object
+of 50-150 bytes and a microsecond of work (a 2-byte described array element is two objects), so
+without this an 8 MiB body held ~700 MiB and the event loop for seconds. 131,072 values is more
+than any request or reply we have seen needs; the costliest kinds measured here at the bound
+took under 100 ms and 8 MiB. Callers pass ``max_elements`` to choose another bound."""
+
+
+class _Budget(threading.local):
+    """What the decode running on this thread may still build, ``cell = [left, limit]``: a
+    thread's own, since decoders run on whatever thread calls them; one thread-local read per
+    compound (a list cell, because a thread-local write would be a second lookup)."""
+
+    def __init__(self) -> None:
+        self.cell = [MAX_ELEMENTS, MAX_ELEMENTS]
+
+
+_BUDGET = _Budget()
+
+
+def _over_budget() -> DecodeError:
+    return DecodeError(f"more than {_BUDGET.cell[1]} values in one frame or message")
+
+
+def start_budget(max_elements: int = MAX_ELEMENTS) -> None:
+    """Begin a decode of several values that share one ``max_elements`` (a message's sections):
+    ``decode_from`` starts afresh at each call, ``decode_more`` does not."""
+    cell = _BUDGET.cell
+    cell[0] = cell[1] = max_elements
+
 
 _UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -488,6 +525,11 @@ def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[A
     # Size within the data, count within the size (every item takes a byte), depth capped.
     if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
         raise _bad_compound(buf, off, end, count)
+    cell = _BUDGET.cell
+    left = cell[0] - count
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
     depth += 1
     dec = _DEC
     items: list[Any] = []
@@ -515,6 +557,11 @@ def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
         raise _bad_compound(buf, off, end, count)
     if count & 1:
         raise DecodeError("map has an odd number of items")
+    cell = _BUDGET.cell
+    left = cell[0] - count
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
     depth += 1
     dec = _DEC
     result: dict[Any, Any] = {}
@@ -551,16 +598,26 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     code = buf[off]
     off += 1
     while code == 0x00:
-        d, off = _DEC[buf[off]](buf, off + 1, depth)
-        descriptors.append(int(d) if type(d) is ULong else d)
+        d, off = _descriptor(buf, off, depth)
+        descriptors.append(d)
         code = buf[off]
         off += 1
+    if code not in _ELEMENT_CODES:
+        raise DecodeError(f"constructor 0x{code:02x} is not a valid array element type")
     # Zero-width elements take no bytes, so bound their count by a fixed amplification instead.
     if count > (8 * (end - off + 1) if code in _ZERO_WIDTH else end - off):
         raise DecodeError(f"array count {count} cannot fit in its {end - off} byte(s)")
+    inner = _CLASS_DEC.get(descriptors[-1]) if descriptors else None
+    # each element is its value (and a class instance's fields), plus a ``Described`` for each
+    # descriptor no class takes
+    per = len(descriptors) + (_CLASS_WEIGHT[descriptors[-1]] if inner is not None else 1)
+    cell = _BUDGET.cell
+    left = cell[0] - count * per
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
     items = Array(element_code=code)
     append = items.append
-    inner = _class_decoder(descriptors[-1]) if descriptors else None
     if inner is not None:
         for _ in range(count):
             v, off = inner(code, buf, off, depth)
@@ -590,10 +647,16 @@ def _d_array32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     return _array(buf, off + 8, off + 4 + size, count, depth)
 
 
-def _class_decoder(desc: Any) -> ClassDecoder | None:
-    """The registered decoder for a descriptor; only a ulong or a symbol can name a class."""
+def _descriptor(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    """A descriptor: a ulong (as a plain ``int``) or a symbol. Part 1 §1.5 reserves any other
+    type, and only these two encode back as descriptors, so the rest is a decode error."""
+    desc, off = _DEC[buf[off]](buf, off + 1, depth)
     t = type(desc)
-    return _CLASS_DEC.get(desc) if t is int or t is Symbol else None
+    if t is ULong:
+        return int(desc), off
+    if t is not Symbol:
+        raise DecodeError(f"a descriptor must be a ulong or a symbol, not {t.__name__}")
+    return desc, off
 
 
 def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
@@ -602,13 +665,17 @@ def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     depth += 1
     if buf[off] == 0x53:  # the usual small ulong descriptor: skip the generic path
         desc: Any = buf[off + 1]
-        cdec = _CLASS_DEC.get(desc)
         off += 2
     else:
-        desc, off = _DEC[buf[off]](buf, off + 1, depth)
-        if type(desc) is ULong:
-            desc = int(desc)
-        cdec = _class_decoder(desc)
+        desc, off = _descriptor(buf, off, depth)
+    cdec = _CLASS_DEC.get(desc)
+    # a class's fields, or a ``Described`` with its descriptor and value, wherever a described
+    # value may stand (a list of them would otherwise be counted one value each)
+    cell = _BUDGET.cell
+    left = cell[0] - (_UNCLASSED_WEIGHT if cdec is None else _CLASS_WEIGHT[desc])
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
     if cdec is not None:
         return cdec(buf[off], buf, off + 1, depth)
     value, off = _DEC[buf[off]](buf, off + 1, depth)
@@ -668,15 +735,30 @@ for _name, _codes in _PLAIN.items():
     for _code, _plain in _codes.items():
         _DEC[_code] = _wrap(_WRAPPERS[_name], _plain) if _name in _WRAPPERS else _plain
 _DEC[0x00] = _d_described
+_ELEMENT_CODES = frozenset(c for codes in _PLAIN.values() for c in codes)
+"""Constructors an array's elements may share (every primitive one; descriptors come before)."""
 
 # Described-class decoders, keyed by ulong code and by symbolic name (filled by described.py):
 # ``(format_code, buf, off, depth) -> (instance, off)`` with ``off`` just past the format code.
 ClassDecoder = Callable[[int, Any, int, int], tuple[Any, int]]
 _CLASS_DEC: dict[Any, ClassDecoder] = {}
+_CLASS_WEIGHT: dict[Any, int] = {}
+"""Values an instance builds besides itself (a composite's declared fields), by descriptor."""
+_UNCLASSED_WEIGHT = 3  # a ``Described`` of no class: itself, its descriptor and its value
 
 
-def decode_from(buf: bytes | bytearray | memoryview, offset: int = 0) -> tuple[Any, int]:
-    """Decode one value starting at ``offset``; return it and the offset just past it."""
+def decode_from(
+    buf: bytes | bytearray | memoryview, offset: int = 0, max_elements: int = MAX_ELEMENTS
+) -> tuple[Any, int]:
+    """Decode one value starting at ``offset``; return it and the offset just past it.
+
+    ``max_elements`` bounds the values it may build (``MAX_ELEMENTS``)."""
+    start_budget(max_elements)
+    return decode_more(buf, offset)
+
+
+def decode_more(buf: bytes | bytearray | memoryview, offset: int) -> tuple[Any, int]:
+    """``decode_from`` within the budget ``start_budget`` began (the next of several values)."""
     try:
         return _DEC[buf[offset]](buf, offset + 1, 0)
     except DECODE_FAULTS as exc:
@@ -699,9 +781,9 @@ def as_decode_error(exc: BaseException) -> DecodeError:
     return DecodeError(f"malformed AMQP value ({exc})")
 
 
-def decode(buf: bytes | bytearray | memoryview) -> Any:
+def decode(buf: bytes | bytearray | memoryview, max_elements: int = MAX_ELEMENTS) -> Any:
     """Decode exactly one value that fills ``buf``; trailing bytes are a ``DecodeError``."""
-    value, end = decode_from(buf, 0)
+    value, end = decode_from(buf, 0, max_elements)
     if end != len(buf):
         raise DecodeError(f"{len(buf) - end} trailing byte(s) after the value")
     return value

@@ -2,9 +2,11 @@
 
 Bytes go in through ``receive_data`` and come back as events; every action of the user
 (``open``, ``begin``, ``attach``, ``send``...) queues frames that ``data_to_send`` drains. Time
-enters only through ``tick(now)``. Anything illegal the peer sends is answered by a ``close``
-carrying the right error condition and reported as a ``ProtocolViolation``: nothing raised by
-bad input escapes ``receive_data``.
+enters only as numbers the caller passes (``tick(now)``, and ``now`` with the bytes, so idle
+detection knows when input really came). Anything illegal the peer sends is answered by a
+``close`` carrying the right error condition and reported as a ``ProtocolViolation``: nothing
+raised by bad input escapes ``receive_data``, and what a peer can make the engine hold has a
+bound in ``ConnectionConfig``. Protocol headers and SASL are handshake.py's.
 
 Pipelining is allowed where the spec allows it: frames queued before the peer's protocol
 header, SASL outcome or open arrive are held and written in order as soon as the AMQP header
@@ -13,13 +15,10 @@ may go out, so open/begin/attach/flow/transfer can leave in one burst.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
 from . import errors
+from .config import ConnectionConfig
 from .errors import LocalProtocolError, RemoteProtocolError
 from .events import (
     ConnectionClosed,
@@ -32,28 +31,18 @@ from .events import (
     LinkFlow,
     MessageReceived,
     ProtocolViolation,
-    SaslDone,
     SessionBegun,
     SessionEnded,
     TransportFailed,
 )
-from .framing import (
-    AMQP_HEADER,
-    FRAME_AMQP,
-    FRAME_SASL,
-    HEARTBEAT,
-    SASL_HEADER,
-    Frame,
-    FrameReader,
-    encode_frame,
-)
-from .link import Delivery, Link, LinkError, LinkState
+from .framing import AMQP_HEADER, FRAME_AMQP, HEARTBEAT, Frame, FrameReader, encode_frame
+from .handshake import Handshake, Phase
+from .link import UINT_MAX, Delivery, IncomingBytes, Link, LinkError, LinkState
+from .liveness import Due, Liveness
 from .messaging import Error, Source, Target
 from .performatives import (
     MIN_MAX_FRAME_SIZE,
     RCV_FIRST,
-    ROLE_SENDER,
-    SASL_OK,
     SND_MIXED,
     SND_SETTLED,
     Attach,
@@ -64,40 +53,12 @@ from .performatives import (
     End,
     Flow,
     Open,
-    SaslChallenge,
-    SaslInit,
-    SaslMechanisms,
-    SaslOutcome,
     Transfer,
 )
-from .sasl import SaslClient, SaslFailed, SaslServer
 from .session import Session, SessionState
 from .types import Symbol
 
-
-@attrs.define
-class ConnectionConfig:
-    """What we announce in our open and the limits we hold the peer to."""
-
-    container_id: str
-    hostname: str | None = None
-    max_frame_size: int = 65536
-    channel_max: int = 255
-    idle_timeout: float | None = None  # seconds of silence after which the peer is dead
-    offered_capabilities: Sequence[str] = ()
-    desired_capabilities: Sequence[str] = ()
-    properties: dict[Any, Any] | None = None
-    max_message_size: int = 64 * 2**20  # the largest incoming message we reassemble
-    session_window: int = 65536  # incoming window of our sessions, in transfer frames
-    sasl: SaslClient | SaslServer | None = None
-
-
-class _Input(enum.Enum):
-    HEADER = "header"  # expecting the first protocol header (SASL or AMQP)
-    SASL = "sasl"  # SASL frames
-    AMQP_HEADER = "amqp-header"  # the AMQP header that follows a successful SASL exchange
-    FRAMES = "frames"
-    DONE = "done"  # closed or failed: input is ignored
+__all__ = ["Connection", "ConnectionConfig"]  # (ConnectionConfig lives in config.py)
 
 
 class Connection:
@@ -107,39 +68,41 @@ class Connection:
         self.config = config
         self.initiator = initiator
         self.remote_open: Open | None = None
-        self.sasl_identity: str | None = None
         self.transport_done = False
         self.sessions: dict[int, Session] = {}
         self._remote_sessions: dict[int, Session] = {}
-        self._reader = FrameReader(config.max_frame_size)
+        self._reader = FrameReader(config.max_frame_size, config.max_decoded_elements)
+        self._incoming = IncomingBytes(config.max_incomplete_bytes)
         self._out = bytearray()
         self._held = bytearray()  # frames queued before our AMQP header may be written
-        self._amqp_out = False  # our AMQP header is written: frames go straight to _out
-        self._input = _Input.HEADER
+        self._handshake = Handshake(config.sasl, initiator=initiator, out=self._out)
+        self._amqp_out = self._handshake.amqp_header_written  # frames go straight to _out
         self._open_sent = False
         self._close_sent = False
         self._close_received = False
         self._peer_max_frame = MIN_MAX_FRAME_SIZE  # until the peer's open says otherwise
-        self._remote_idle: float | None = None
         self._dirty_sessions: set[Session] = set()  # sessions with queued dispositions
         self._refill: set[Session] = set()  # sessions whose incoming window runs low
-        self._rx_frames = 0
-        self._rx_seen = -1
-        self._rx_mark = 0.0
-        self._tx_writes = 0
-        self._tx_seen = -1
-        self._tx_mark = 0.0
+        self._liveness = Liveness(config.idle_timeout)
         self.next_deadline: float | None = None
         self.input_paused = False  # True after a LinkAttachRequested: answer, then resume
-        if initiator:
-            self._out += SASL_HEADER if config.sasl is not None else AMQP_HEADER
-            self._amqp_out = config.sasl is None
 
     # -- state the layers above read -------------------------------------------------------
 
     @property
     def closed(self) -> bool:
-        return self._close_sent or self._close_received or self._input is _Input.DONE
+        return self._close_sent or self._close_received or self._handshake.phase is Phase.DONE
+
+    @property
+    def sasl_identity(self) -> str | None:
+        """Who the peer authenticated as (server side, after a successful SASL exchange)."""
+        return self._handshake.identity
+
+    @property
+    def input_size(self) -> int:
+        """Bytes received and still held: unparsed input plus incomplete messages (bounded by
+        ``max_incomplete_bytes``), for a layer that bounds memory across connections."""
+        return self._reader.buffered + self._incoming.held
 
     @property
     def remote_offered_capabilities(self) -> list[str]:
@@ -153,21 +116,31 @@ class Connection:
         """Whether ``data_to_send`` has anything (frames, or dispositions still to write)."""
         return bool(self._out) or bool(self._dirty_sessions)
 
-    def data_to_send(self) -> bytes:
-        """Every byte queued so far, in order; empty when there is nothing to write."""
+    @property
+    def output_size(self) -> int:
+        """Bytes queued for ``data_to_send`` (frames held behind the protocol header included)
+        and transfers held until the peer opens its session window: what the layer above counts
+        against its bound on bytes waiting for the peer."""
+        blocked = sum(session.blocked_bytes for session in self.sessions.values())
+        return len(self._out) + len(self._held) + blocked
+
+    def data_to_send(self, now: float | None = None) -> bytes:
+        """Every byte queued so far, in order; empty when there is nothing to write.
+
+        ``now`` (the caller's clock) dates the write for the heartbeat schedule at once,
+        instead of at the next ``tick``."""
         self._flush_all_dispositions()
         if not self._out:
             return b""
         data = bytes(self._out)
         self._out.clear()
-        self._tx_writes += 1
+        self._liveness.sent(now)
         return data
 
     def _write(self, channel: int, performative: Any, payload: bytes | memoryview = b"") -> None:
+        if self._close_sent:  # nothing follows our close (§2.4.3): settling, granting credit or
+            return  # detaching on events of input that ended in a close is then a no-op
         encode_frame(self._out if self._amqp_out else self._held, channel, performative, payload)
-
-    def _write_sasl(self, performative: Any) -> None:
-        encode_frame(self._out, 0, performative, b"", FRAME_SASL)
 
     def _start_amqp_output(self) -> None:
         """Our AMQP header goes out, then everything the user queued meanwhile."""
@@ -205,18 +178,18 @@ class Connection:
 
     def close(self, error: Error | None = None) -> None:
         """Close (or answer the peer's close); idempotent."""
-        if self._close_sent or (self._input is _Input.DONE and not self._close_received):
+        if self._close_sent or (self._handshake.phase is Phase.DONE and not self._close_received):
             return
         if not self._open_sent:
             self.open()  # a close must follow an open (§2.4.1)
         self._flush_all_dispositions()
-        self._close_sent = True
         self._write(0, Close(error=error))
+        self._close_sent = True
         if self._close_received:
             self._finish()
 
     def _finish(self) -> None:
-        self._input = _Input.DONE
+        self._handshake.phase = Phase.DONE
         self.transport_done = True
         self.next_deadline = None
 
@@ -225,6 +198,8 @@ class Connection:
     def begin(self) -> Session:
         self._check_usable()
         channel = self._free_channel()
+        if channel is None:
+            raise LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free channel")
         session = self._new_session(channel, SessionState.BEGIN_SENT)
         self._write(channel, session.begin_frame())
         return session
@@ -239,7 +214,12 @@ class Connection:
 
     def _new_session(self, channel: int, state: SessionState) -> Session:
         session = Session(
-            channel, self._write_placeholder, state, incoming_window_size=self.config.session_window
+            channel,
+            self._write_placeholder,
+            state,
+            incoming_window_size=self.config.session_window,
+            handle_max=self.config.handle_max,
+            incoming=self._incoming,
         )
         session.write = self._session_writer(session)
         self.sessions[channel] = session
@@ -249,14 +229,19 @@ class Connection:
     def _write_placeholder(_performative: Any, _payload: bytes | memoryview) -> None:
         raise AssertionError("session writer not bound")
 
-    def _free_channel(self) -> int:
+    def _channel_limit(self) -> int:
+        """The highest channel of ours: within our channel-max and the peer's (§2.7.1)."""
         limit = self.config.channel_max
         if self.remote_open is not None:
             limit = min(limit, self.remote_open.channel_max)
-        for channel in range(limit + 1):
+        return limit
+
+    def _free_channel(self) -> int | None:
+        """The lowest channel free for a session of ours, None if every one is taken."""
+        for channel in range(self._channel_limit() + 1):
             if channel not in self.sessions:
                 return channel
-        raise LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free channel")
+        return None
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -287,10 +272,13 @@ class Connection:
             raise LocalProtocolError(errors.ILLEGAL_STATE, "the session is not usable")
         if (name, role) in session.names:
             raise LocalProtocolError(errors.ILLEGAL_STATE, f"a link {name!r} of this role exists")
+        handle = session.free_handle()
+        if handle is None:
+            raise LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free link handle")
         link = Link(
             session,
             name,
-            session.allocate_handle(),
+            handle,
             role,
             LinkState.ATTACH_SENT,
             source=source,
@@ -301,9 +289,10 @@ class Connection:
             max_message_size=max_message_size or self.config.max_message_size,
             offered_capabilities=offered_capabilities,
             desired_capabilities=desired_capabilities,
+            max_unsettled=self.config.max_unsettled,
         )
         session.add_link(link)
-        self._write(session.channel, self._attach_frame(link, link.source, link.target))
+        self._write(session.channel, link.attach_frame(link.source, link.target))
         return link
 
     def answer_attach(
@@ -334,7 +323,7 @@ class Connection:
         link.offered_capabilities = offered_capabilities
         link.max_message_size = max_message_size or self.config.max_message_size
         link.state = LinkState.ATTACHED
-        self._write(link.session.channel, self._attach_frame(link, source, target))
+        self._write(link.session.channel, link.attach_frame(source, target))
 
     def refuse_attach(self, link: Link, error: Error) -> None:
         """Refuse a peer's link the way §2.6.3 prescribes: an attach with a null local
@@ -348,24 +337,8 @@ class Connection:
         else:
             link.source, link.target = remote.source, None
         link.state = LinkState.ATTACHED
-        self._write(link.session.channel, self._attach_frame(link, link.source, link.target))
+        self._write(link.session.channel, link.attach_frame(link.source, link.target))
         self.detach(link, closed=True, error=error)
-
-    def _attach_frame(self, link: Link, source: Source | None, target: Target | None) -> Attach:
-        return Attach(
-            name=link.name,
-            handle=link.handle,
-            role=link.role,
-            snd_settle_mode=link.snd_settle_mode,
-            rcv_settle_mode=link.rcv_settle_mode,
-            source=source,
-            target=target,
-            initial_delivery_count=link.delivery_count if link.is_sender else None,
-            max_message_size=link.max_message_size if link.is_receiver else None,
-            offered_capabilities=link.offered_capabilities,
-            desired_capabilities=link.desired_capabilities,
-            properties=link.properties,
-        )
 
     def detach(self, link: Link, *, closed: bool = True, error: Error | None = None) -> None:
         if link.state in (LinkState.DETACH_SENT, LinkState.DETACHED):
@@ -376,6 +349,7 @@ class Connection:
         session = link.session
         session.flush_dispositions()
         link.state = LinkState.DETACH_SENT
+        link.discard_partial()  # the rest of it is dropped on arrival
         link.detach_error = error
         self._write(session.channel, Detach(handle=link.handle, closed=closed, error=error))
 
@@ -383,14 +357,19 @@ class Connection:
         """As receiver: set the link's credit to ``credit`` (absolute, §2.6.7)."""
         if link.state not in (LinkState.ATTACH_SENT, LinkState.ATTACHED):
             raise LocalProtocolError(errors.ILLEGAL_STATE, f"link {link.name!r} is not attached")
+        if not 0 <= credit <= UINT_MAX:
+            raise LocalProtocolError(errors.INVALID_FIELD, f"link-credit {credit} is not a uint")
         if link.is_receiver:
             link.link_credit = credit
             link.drain = drain
         self._write(link.session.channel, link.session.flow_frame(link, echo=echo))
 
     def complete_drain(self, link: Link) -> None:
-        """As sender with nothing more to send: use up the credit the receiver is draining."""
-        if link.is_sender and link.drain and link.link_credit:
+        """As sender with nothing more to send, when the receiver asked to drain (``LinkFlow``
+        with ``link.drain``): advance delivery-count by the credit left, zero it and tell the
+        receiver with a flow (§2.6.7). Nothing happens without drain or credit, or once the
+        link is detaching."""
+        if link.is_sender and link.drain and link.link_credit and link.state is LinkState.ATTACHED:
             link.drain_credit()
             self._write(link.session.channel, link.session.flow_frame(link))
 
@@ -413,13 +392,19 @@ class Connection:
             raise LocalProtocolError(errors.ILLEGAL_STATE, f"cannot send on link {link.name!r}")
         if link.link_credit <= 0 and not (presume_credit and link.remote_attach is None):
             raise LocalProtocolError(errors.TRANSFER_LIMIT_EXCEEDED, "no link credit")
+        if settled is None:
+            settled = link.snd_settle_mode == SND_SETTLED
+        if not settled and link.unsettled >= link.max_unsettled:
+            raise LocalProtocolError(
+                errors.RESOURCE_LIMIT_EXCEEDED,
+                f"{link.unsettled} deliveries on {link.name!r} wait for the peer to settle them "
+                f"(max_unsettled {link.max_unsettled}): wait until link.send_blocked is False",
+            )
         limit = link.remote_max_message_size
         if limit is not None and len(payload) > limit:
             raise LocalProtocolError(
                 errors.MESSAGE_SIZE_EXCEEDED, f"{len(payload)} bytes exceed the peer's {limit}"
             )
-        if settled is None:
-            settled = link.snd_settle_mode == SND_SETTLED
         return link.session.send(
             link,
             payload,
@@ -443,50 +428,52 @@ class Connection:
     # -- time ------------------------------------------------------------------------------
 
     def tick(self, now: float) -> list[Event]:
-        """Heartbeats and the idle timeout, from a clock only the caller knows."""
+        """Heartbeats and the idle timeout, from a clock only the caller knows.
+
+        Input and output are dated by the ``now`` given to ``receive_data``/``data_to_send``
+        when the caller passes one (so the peer is declared dead within the idle timeout of
+        its last frame), else by the first ``tick`` that sees them."""
         events: list[Event] = []
-        if self._input is _Input.DONE:
+        if self._handshake.phase is Phase.DONE:
             return events
-        if self._rx_frames != self._rx_seen:
-            self._rx_seen, self._rx_mark = self._rx_frames, now
-        if self._tx_writes != self._tx_seen:
-            self._tx_seen, self._tx_mark = self._tx_writes, now
-        deadlines = []
-        local = self.config.idle_timeout
-        if local is not None and self._open_sent:
-            if now - self._rx_mark >= local:
-                self._fail(errors.RESOURCE_LIMIT_EXCEEDED, "local-idle-timeout expired", events)
-                events.append(TransportFailed("the peer sent nothing within the idle timeout"))
-                return events
-            deadlines.append(self._rx_mark + local)
-        remote = self._remote_idle
-        if remote and self._amqp_out and not self._close_sent:
-            if now - self._tx_mark >= remote / 2:
-                self._out += HEARTBEAT
-                self._tx_mark = now
-            deadlines.append(self._tx_mark + remote / 2)
-        self.next_deadline = min(deadlines) if deadlines else None
+        may_write = self._amqp_out and not self._close_sent
+        due, self.next_deadline = self._liveness.check(
+            now, watching=self._open_sent, may_write=may_write
+        )
+        if due is Due.DEAD:
+            self._fail(errors.RESOURCE_LIMIT_EXCEEDED, "local-idle-timeout expired", events)
+            events.append(TransportFailed("the peer sent nothing within the idle timeout"))
+        elif due is Due.HEARTBEAT:
+            self._out += HEARTBEAT
         return events
 
     def connection_lost(self) -> list[Event]:
         """The byte stream is gone; unless the close handshake finished, that is a failure."""
-        if self._input is _Input.DONE and self._close_received:
+        if self._handshake.phase is Phase.DONE and self._close_received:
             return []
-        was_done = self._input is _Input.DONE
+        was_done = self._handshake.phase is Phase.DONE
         self._finish()
         return [] if was_done else [TransportFailed("connection lost")]
 
     # -- input -----------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
-        """Feed received bytes; returns what they meant. Never raises for bad input.
+    def receive_data(
+        self, data: bytes | bytearray | memoryview, now: float | None = None
+    ) -> list[Event]:
+        """Feed received bytes; returns what they meant. Never raises.
 
         Reading stops after a ``LinkAttachRequested`` (``input_paused`` is then True): answer
         the attach, then call ``receive_data(b"")`` to go on with the bytes still buffered.
+        ``now`` (the caller's clock when the bytes arrived) is the last input time that the
+        idle timeout counts from. A peer's breach closes the connection with its condition; a
+        fault of ours while handling input (a bug, a failing SASL callback) closes it with
+        ``amqp:internal-error`` and reports the exception as the violation's ``cause``.
         """
         events: list[Event] = []
-        if self._input is _Input.DONE:
+        if self._handshake.phase is Phase.DONE:
             return events
+        if data:
+            self._liveness.received(now)
         self.input_paused = False
         self._reader.feed(data)
         try:
@@ -499,96 +486,52 @@ class Connection:
             self._refill.clear()
         except RemoteProtocolError as exc:
             self._fail(exc.condition, exc.description, events)
-        except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
-            # a frame whose fields decode but hold values of the wrong type or range
-            self._fail(errors.DECODE_ERROR, f"malformed frame field: {exc}", events)
+        except Exception as exc:  # the backstop: one connection's fault stays in it
+            self._fail(errors.INTERNAL_ERROR, f"{type(exc).__name__} handling input", events, exc)
         return events
 
     def _process(self, events: list[Event]) -> None:
         reader = self._reader
+        handshake = self._handshake
         while not self.input_paused:
-            state = self._input
-            if state is _Input.FRAMES or state is _Input.SASL:
+            phase = handshake.phase
+            if phase is Phase.FRAMES:
                 frame = reader.read_frame()
                 if frame is None:
                     return
-                self._rx_frames += 1
-                if state is _Input.FRAMES:
-                    self._on_frame(frame, events)
-                else:
-                    self._on_sasl_frame(frame, events)
-            elif state is _Input.HEADER or state is _Input.AMQP_HEADER:
+                self._on_frame(frame, events)
+                continue
+            if phase is Phase.SASL:
+                frame = reader.read_frame()
+                if frame is None:
+                    return
+                handshake.on_sasl_frame(frame, events)
+            elif phase is Phase.HEADER or phase is Phase.AMQP_HEADER:
                 header = reader.read_protocol_header()
                 if header is None:
                     return
-                self._rx_frames += 1
-                self._on_header(header, events)
+                handshake.on_header(header, events)
             else:
                 return
+            self._after_handshake_step()
 
-    def _on_header(self, header: bytes, events: list[Event]) -> None:
-        want_sasl = self._input is _Input.HEADER and self.config.sasl is not None
-        expected = SASL_HEADER if want_sasl else AMQP_HEADER
-        if header != expected:
-            if not self.initiator:  # §2.2: answer with the header we support, then hang up
-                self._out += expected
+    def _after_handshake_step(self) -> None:
+        """Follow the handshake: our AMQP header (and the frames held behind it) goes out when
+        the peer's arrives, or, for a SASL client, once the outcome is ok (§5.3.2)."""
+        phase = self._handshake.phase
+        if phase is Phase.DONE:
             self._finish()
-            events.append(TransportFailed(f"unsupported protocol header {header!r}"))
-            return
-        if want_sasl:
-            self._input = _Input.SASL
-            if isinstance(self.config.sasl, SaslServer):
-                self._out += SASL_HEADER
-                mechanisms = [Symbol(m) for m in self.config.sasl.offered()]
-                self._write_sasl(SaslMechanisms(sasl_server_mechanisms=mechanisms))
-            return
-        self._input = _Input.FRAMES
-        self._reader.max_frame_size = self.config.max_frame_size
-        if not self._amqp_out:
+        elif phase is Phase.FRAMES:
+            self._reader.max_frame_size = self.config.max_frame_size
+            if not self._amqp_out:
+                self._start_amqp_output()
+        elif phase is Phase.AMQP_HEADER and self.initiator and not self._amqp_out:
             self._start_amqp_output()
-
-    def _on_sasl_frame(self, frame: Frame, events: list[Event]) -> None:
-        perf = frame.performative
-        sasl = self.config.sasl
-        if frame.type != FRAME_SASL or perf is None:
-            raise RemoteProtocolError(errors.FRAMING_ERROR, "expected a SASL frame")
-        if isinstance(sasl, SaslServer) and isinstance(perf, SaslInit):
-            outcome, identity = sasl.judge(perf)
-            self._write_sasl(outcome)
-            events.append(SaslDone(str(perf.mechanism), outcome.code, identity))
-            if outcome.code == SASL_OK:
-                self.sasl_identity = identity
-                self._input = _Input.AMQP_HEADER
-            else:
-                self._finish()
-            return
-        if isinstance(sasl, SaslClient):
-            if isinstance(perf, SaslMechanisms):
-                try:
-                    self._write_sasl(sasl.start([str(m) for m in perf.sasl_server_mechanisms]))
-                except SaslFailed as exc:
-                    self._finish()
-                    events.append(TransportFailed(str(exc)))
-                return
-            if isinstance(perf, SaslChallenge):
-                self._write_sasl(sasl.challenge(perf.challenge))
-                return
-            if isinstance(perf, SaslOutcome):
-                events.append(SaslDone(sasl.mechanism, perf.code))
-                if perf.code == SASL_OK:
-                    self._input = _Input.AMQP_HEADER
-                    self._start_amqp_output()
-                else:
-                    self._finish()
-                return
-        raise RemoteProtocolError(
-            errors.ILLEGAL_STATE, f"unexpected {type(perf).__name__} during SASL"
-        )
 
     def _on_frame(self, frame: Frame, events: list[Event]) -> None:
         perf = frame.performative
         if perf is None:
-            return  # heartbeat: counted in _rx_frames, nothing else to do
+            return  # heartbeat: its bytes were input (see receive_data), nothing else to do
         if frame.type != FRAME_AMQP:
             raise RemoteProtocolError(errors.FRAMING_ERROR, "SASL frame after SASL")
         kind = type(perf)
@@ -612,12 +555,18 @@ class Connection:
             raise RemoteProtocolError(
                 errors.INVALID_FIELD, f"max-frame-size {perf.max_frame_size} is below 512"
             )
+        if perf.idle_time_out and perf.idle_time_out / 1000 < self.config.min_peer_idle_timeout:
+            raise RemoteProtocolError(
+                errors.INVALID_FIELD,
+                f"idle-time-out {perf.idle_time_out} ms is below the "
+                f"{self.config.min_peer_idle_timeout * 1000:.0f} ms we heartbeat for",
+            )
         self.remote_open = perf
         if not self._open_sent:  # answer at once: begin/attach replies must follow our open
             self.open()
         self._peer_max_frame = min(perf.max_frame_size, 0xFFFFFFFF)
         if perf.idle_time_out:
-            self._remote_idle = perf.idle_time_out / 1000
+            self._liveness.remote = perf.idle_time_out / 1000
         events.append(ConnectionOpened(perf))
 
     def _on_close(self, _channel: int, perf: Close, events: list[Event]) -> None:
@@ -640,7 +589,14 @@ class Connection:
                 )
             by_peer = False
         else:
-            session = self._new_session(self._free_channel(), SessionState.BEGIN_RECEIVED)
+            ours = self._free_channel()
+            if ours is None:  # channel-max + 1 is the most sessions either side may have
+                raise RemoteProtocolError(
+                    errors.NOT_ALLOWED,
+                    f"begin on channel {channel}: more sessions than channel-max "
+                    f"{self._channel_limit()} allows",
+                )
+            session = self._new_session(ours, SessionState.BEGIN_RECEIVED)
             by_peer = True
         session.remote_channel = channel
         self._remote_sessions[channel] = session
@@ -650,8 +606,11 @@ class Connection:
         events.append(SessionBegun(session, by_peer))
 
     def _check_channel(self, channel: int) -> None:
-        if channel > self.config.channel_max:
-            raise RemoteProtocolError(errors.NOT_ALLOWED, f"channel {channel} is above channel-max")
+        if channel > self.config.channel_max:  # §2.7.1: a framing error
+            raise RemoteProtocolError(
+                errors.FRAMING_ERROR,
+                f"channel {channel} is above our channel-max {self.config.channel_max}",
+            )
 
     def _session(self, channel: int) -> Session:
         session = self._remote_sessions.get(channel)
@@ -674,42 +633,10 @@ class Connection:
         events.append(SessionEnded(session, perf.error, by_peer))
 
     def _on_attach(self, channel: int, perf: Attach, events: list[Event]) -> None:
-        session = self._session(channel)
-        if perf.handle in session.remote_links:
-            raise RemoteProtocolError(errors.HANDLE_IN_USE, f"handle {perf.handle} is in use")
-        if perf.handle > session.handle_max:
-            raise RemoteProtocolError(errors.NOT_ALLOWED, f"handle {perf.handle} > handle-max")
-        our_role = not perf.role
-        link = session.names.get((perf.name, our_role))
-        if link is not None and link.state is LinkState.DETACH_SENT and link.remote_attach is None:
-            # we detached before the peer's answer came: the frames crossed, which is legal;
-            # its detach follows and ends the link
-            link.remote_attach = perf
-            link.remote_handle = perf.handle
-            session.remote_links[perf.handle] = link
+        answered = self._session(channel).on_attach(perf, self.config.max_unsettled)
+        if answered is None:
             return
-        if link is not None and link.state is not LinkState.ATTACH_SENT:
-            raise RemoteProtocolError(
-                errors.ILLEGAL_STATE, f"link {perf.name!r} is already attached"
-            )
-        if perf.role is ROLE_SENDER and perf.initial_delivery_count is None:
-            raise RemoteProtocolError(
-                errors.INVALID_FIELD, "a sender's attach lacks initial-delivery-count"
-            )
-        if link is None:
-            link = Link(
-                session, perf.name, session.allocate_handle(), our_role, LinkState.ATTACH_RECEIVED
-            )
-            session.add_link(link)
-            requested = True
-        else:
-            link.state = LinkState.ATTACHED
-            requested = False
-        link.remote_attach = perf
-        link.remote_handle = perf.handle
-        session.remote_links[perf.handle] = link
-        if perf.initial_delivery_count is not None and link.is_receiver:
-            link.delivery_count = perf.initial_delivery_count
+        link, requested = answered
         if requested:
             # pause so the user can answer (and grant credit) before a pipelined transfer
             # on this link is read (LP-10); receive_data(b"") resumes
@@ -761,7 +688,7 @@ class Connection:
         by_peer = link.state is not LinkState.DETACH_SENT
         if by_peer:
             if link.state is LinkState.ATTACH_RECEIVED:  # never answered: attach, then detach
-                self._write(session.channel, self._attach_frame(link, None, None))
+                self._write(session.channel, link.attach_frame(None, None))
             session.flush_dispositions()
             self._write(session.channel, Detach(handle=link.handle, closed=perf.closed))
         session.forget_link(link)
@@ -770,14 +697,21 @@ class Connection:
 
     # -- failure ---------------------------------------------------------------------------
 
-    def _fail(self, condition: str, description: str, events: list[Event]) -> None:
-        """Close with ``condition`` at once and stop reading: the peer broke the protocol."""
-        events.append(ProtocolViolation(condition, description))
+    def _fail(
+        self,
+        condition: str,
+        description: str,
+        events: list[Event],
+        cause: BaseException | None = None,
+    ) -> None:
+        """Close with ``condition`` at once and stop reading: the peer broke the protocol (or,
+        with ``cause``, handling its input failed here)."""
+        events.append(ProtocolViolation(condition, description, cause))
         if not self._close_sent and self._amqp_out:
             if not self._open_sent:
                 self.open()
-            self._close_sent = True
             self._write(0, Close(error=Error(condition=condition, description=description)))
+            self._close_sent = True
         # before our AMQP header (a broken SASL exchange) no close can be said: just hang up
         self._finish()
 

@@ -23,13 +23,16 @@ from typing import Any, TypeVar, dataclass_transform
 import attrs
 
 from framework.amqp.codec import (
+    _BUDGET,
     _CLASS_DEC,
+    _CLASS_WEIGHT,
     _DEC,
     _ENCODERS,
     _P_BII,
     _PLAIN,
     _U_II,
     _UINT_SMALL,
+    MAX_DEPTH,
     ClassDecoder,
     Decoder,
     Encoder,
@@ -37,6 +40,7 @@ from framework.amqp.codec import (
     _d_array8,
     _d_array32,
     _d_null,
+    _descriptor,
     _e_array,
     _e_binary,
     _e_bool,
@@ -59,16 +63,12 @@ from framework.amqp.codec import (
     _e_ulong,
     _e_ushort,
     _e_uuid,
+    _over_budget,
     _raw,
     _resolve,
     encode_into,
 )
-from framework.amqp.errors import (
-    INVALID_FIELD,
-    DecodeError,
-    LocalProtocolError,
-    RemoteProtocolError,
-)
+from framework.amqp.errors import INVALID_FIELD, DecodeError, LocalProtocolError
 from framework.amqp.types import (
     FIELD_META,
     FIELD_TYPES,
@@ -94,6 +94,9 @@ _CLASSES: dict[Any, type] = {}
 """Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
 _VALUE_DEC: dict[type, ClassDecoder] = {}
 """Value-only decoders of the ``@restricted`` classes (see ``value_decoder``)."""
+_PROVIDERS: dict[str, set[Any]] = {}
+"""Descriptors (codes and names) of the classes that provide each spec type (``source``...),
+and of each composite under its own type name (``error``): what a ``requires`` field takes."""
 
 
 def _e_message_id(v: Any, out: bytearray) -> None:
@@ -122,16 +125,65 @@ _COERCE: dict[str, Callable[[Any], Any]] = {
 }  # fmt: skip
 
 
-def _field_table(t: str) -> list[Decoder]:
+# The types a message-id may be (messaging.xml: message-id-ulong, -uuid, -binary, -string).
+_MESSAGE_ID_TYPES = ("ulong", "uuid", "binary", "string")
+
+
+def _field_table(t: str, requires: str | None = None) -> list[Decoder]:
     """The 256-entry decoder table of a typed field: its own codes, null, nothing else."""
-    if t in ("*", "message-id"):
+    if requires is not None:
+        return _requires_table(requires)
+    if t == "*":
         return _DEC
-    plain = _PLAIN["map" if t == "fields" else t]
-    wrap = t == "array"
     table = [_bad_code(c, t) for c in range(256)]
     table[0x40] = _d_null
+    if t == "message-id":  # wrapped as the generic decoders do: a ulong id stays a ulong
+        for name in _MESSAGE_ID_TYPES:
+            for code in _PLAIN[name]:
+                table[code] = _DEC[code]
+        return table
+    plain = _PLAIN["map" if t == "fields" else t]
+    wrap = t == "array"
     for code, dec in plain.items():
-        table[code] = _DEC[code] if wrap else dec
+        table[code] = _DEC[code] if wrap else _fields_keys(dec) if t == "fields" else dec
+    return table
+
+
+def _fields_keys(dec: Decoder) -> Decoder:
+    """A ``fields`` map (fields, annotations, filter-set): its keys are symbols (ulongs too in
+    annotations). A string key is read as the symbol it should have been, so it must be ASCII:
+    that way every key we accept encodes again."""
+
+    def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        v, off = dec(buf, off, depth)
+        for k in v:
+            t = type(k)
+            if t is not Symbol and t is not ULong and not (t is str and k.isascii()):
+                raise DecodeError(f"a fields map key must be a symbol, not {t.__name__}")
+        return v, off
+
+    return d
+
+
+def _requires_table(requires: str) -> list[Decoder]:
+    """A field whose value must be a described type providing ``requires`` (or null)."""
+    providers = _PROVIDERS.setdefault(requires, set())  # filled as classes register
+
+    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        if depth >= MAX_DEPTH:
+            raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
+        if buf[off] == 0x53:
+            desc: Any = buf[off + 1]
+            off += 2
+        else:
+            desc, off = _descriptor(buf, off, depth + 1)
+        if desc not in providers:
+            raise DecodeError("a described %.40r is not a %s" % (desc, requires))  # noqa: UP031
+        return _CLASS_DEC[desc](buf[off], buf, off + 1, depth + 1)
+
+    table = [_bad_code(c, requires) for c in range(256)]
+    table[0x40] = _d_null
+    table[0x00] = dec
     return table
 
 
@@ -144,7 +196,9 @@ def _listed(dec: Decoder) -> Decoder:
 
 
 def _multiple_table(t: str) -> list[Decoder]:
-    """A ``multiple`` field: null, one value (yielded as a one-item list) or an array of them."""
+    """A ``multiple`` field: null, one value (yielded as a one-item list) or an array of them;
+    for symbols (the only multiple fields the spec has) a list of them too, which some peers
+    send and the spec's "liberal in what you accept" lets us read."""
     allowed = frozenset(_PLAIN["map" if t == "fields" else t]) if t != "*" else None
 
     def checked(dec: Decoder) -> Decoder:
@@ -156,10 +210,22 @@ def _multiple_table(t: str) -> list[Decoder]:
 
         return d
 
+    def symbols(dec: Decoder) -> Decoder:
+        def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+            v, off = dec(buf, off, depth)
+            if not all(type(x) is Symbol for x in v):
+                raise DecodeError("a list in a multiple symbol field holds a non-symbol")
+            return v, off
+
+        return d
+
     table = [_listed(d) for d in _field_table(t)]
     table[0x40] = _d_null
     table[0xE0] = checked(_d_array8)
     table[0xF0] = checked(_d_array32)
+    if t == "symbol":
+        for code, dec in _PLAIN["list"].items():
+            table[code] = symbols(dec)
     return table
 
 
@@ -201,7 +267,9 @@ def _writer(i: int, s: FieldSpec) -> list[str]:
     return [f"(ENC.get(type({v})) or resolve(type({v})))({v}, out)"]
 
 
-def _gen_composite(cls: type, name: str, pre: bytes, specs: list[tuple[str, FieldSpec]]) -> None:
+def _gen_composite(
+    cls: type, name: str, pre: bytes, specs: list[tuple[str, FieldSpec]], provides: tuple[str, ...]
+) -> None:
     """Generate straight-line encode/decode functions for one composite class.
 
     Both nest one ``if`` per field, so the work stops at the last field present: trailing
@@ -209,8 +277,7 @@ def _gen_composite(cls: type, name: str, pre: bytes, specs: list[tuple[str, Fiel
     """
     k = len(specs)
     ns: dict[str, Any] = {"head": pre + b"\xc0\x00\x00", "list0": pre + b"\x45",
-                          "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError,
-                          "RemoteProtocolError": RemoteProtocolError, "CLS": cls,
+                          "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError, "CLS": cls,
                           "LocalProtocolError": LocalProtocolError, "INVALID": INVALID_FIELD,
                           "skip": _skip, "UINT_SMALL": _UINT_SMALL, "ENC": _ENCODERS,
                           "resolve": _resolve}  # fmt: skip
@@ -231,16 +298,23 @@ def _gen_composite(cls: type, name: str, pre: bytes, specs: list[tuple[str, Fiel
     post, body, indent = [], [], "    "
     for i, (attr, s) in enumerate(specs):
         ns[f"E{i}"] = _multiple_enc(s.amqp_type) if s.multiple else _FIELD_ENC[s.amqp_type]
-        ns[f"T{i}"] = _multiple_table(s.amqp_type) if s.multiple else _field_table(s.amqp_type)
+        ns[f"T{i}"] = (
+            _multiple_table(s.amqp_type) if s.multiple else _field_table(s.amqp_type, s.requires)
+        )
         ns[f"D{i}"] = s.default
+        ns[f"C{i}"] = s.choices
         enc.append(f"    v{i} = self.{attr}")
+        if s.choices is not None:
+            msg = f"'{name}: %.40r is not a {attr}' % (v{i},)"
+            post.append(f"    if v{i} is not None and v{i} not in C{i}:")
+            post.append(f"        raise DecodeError({msg}, INVALID)")
         if s.default is not None:
             enc.append(f"    if v{i} == D{i}: v{i} = None")
             post.append(f"    if v{i} is None: v{i} = D{i}")
         if s.mandatory:
             msg = f"'{name}: mandatory field {attr} is missing'"
             enc.append(f"    if v{i} is None: raise LocalProtocolError(INVALID, {msg})")
-            post.append(f"    if v{i} is None: raise RemoteProtocolError(INVALID, {msg})")
+            post.append(f"    if v{i} is None: raise DecodeError({msg}, INVALID)")
             body += [indent + line for line in _writer(i, s)]
         else:
             body += [f"{indent}if v{i} is None: out.append(64)", f"{indent}else:"]
@@ -271,17 +345,26 @@ def _gen_composite(cls: type, name: str, pre: bytes, specs: list[tuple[str, Fiel
     ]
     dec += post
     dec.append(f"    return CLS({', '.join(f'v{i}' for i in range(k))}), off")
-    _register(cls, _compile("\n".join(enc), ns, "enc"), _compile("\n".join(dec), ns, "dec"))
+    enc_fn, dec_fn = _compile("\n".join(enc), ns, "enc"), _compile("\n".join(dec), ns, "dec")
+    _register(cls, enc_fn, dec_fn, provides, k)
 
 
 def _skip(buf: Any, off: int, n: int, depth: int) -> int:
-    """Step over ``n`` trailing fields a newer peer sent (the spec says to ignore them)."""
+    """Step over ``n`` trailing fields a newer peer sent (the spec says to ignore them); they
+    count against the decode's budget, unlike the declared fields (the class weight has them)."""
+    cell = _BUDGET.cell
+    left = cell[0] - n
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
     for _ in range(n):
         _, off = _DEC[buf[off]](buf, off + 1, depth)
     return off
 
 
-def _register(cls: type, enc: Encoder, dec: ClassDecoder) -> None:
+def _register(
+    cls: type, enc: Encoder, dec: ClassDecoder, provides: tuple[str, ...], weight: int
+) -> None:
     code, name = cls.__amqp_descriptor__  # type: ignore[attr-defined]
     for key in (code, name):  # check both before registering either
         old = _CLASSES.get(key)
@@ -290,7 +373,12 @@ def _register(cls: type, enc: Encoder, dec: ClassDecoder) -> None:
     for key in (code, name):
         _CLASSES[key] = cls
         _CLASS_DEC[key] = dec
+        _CLASS_WEIGHT[key] = weight
     _ENCODERS[cls] = enc
+    cls.__amqp_provides__ = provides  # type: ignore[attr-defined]
+    own = name.split(":")[1] if name.count(":") == 2 else name  # "amqp:error:list" -> "error"
+    for provided in (*provides, own):
+        _PROVIDERS.setdefault(provided, set()).update((code, name))
 
 
 def _describe(cls: type, code: int, name: str) -> tuple[bytes, type]:
@@ -303,10 +391,13 @@ def _describe(cls: type, code: int, name: str) -> tuple[bytes, type]:
 
 
 @dataclass_transform()
-def composite(*, code: int, name: str) -> Callable[[type[_T]], type[_T]]:
+def composite(
+    *, code: int, name: str, provides: tuple[str, ...] = ()
+) -> Callable[[type[_T]], type[_T]]:
     """Make an ``amqp_field``-annotated class an attrs class encoded as a described list.
 
-    ``code`` is the full ulong descriptor (spec ``0x00000000:0x000000XX`` is ``0xXX``).
+    ``code`` is the full ulong descriptor (spec ``0x00000000:0x000000XX`` is ``0xXX``);
+    ``provides``: the spec types it may stand for (``source``, ``outcome``...), as in the XML.
     """
 
     def decorate(cls: type[_T]) -> type[_T]:
@@ -318,14 +409,16 @@ def composite(*, code: int, name: str) -> Callable[[type[_T]], type[_T]]:
                 raise TypeError(f"{cls.__qualname__}.{f.name} is not declared with amqp_field")
             specs.append((f.name, spec))
         new_cls.__amqp_fields__ = tuple(specs)  # type: ignore[attr-defined]
-        _gen_composite(new_cls, name, pre, specs)
+        _gen_composite(new_cls, name, pre, specs, provides)
         return new_cls
 
     return decorate
 
 
 @dataclass_transform()
-def restricted(*, code: int, name: str, source: str) -> Callable[[type[_T]], type[_T]]:
+def restricted(
+    *, code: int, name: str, source: str, provides: tuple[str, ...] = ()
+) -> Callable[[type[_T]], type[_T]]:
     """Make a class with one attribute ``value`` a described value of the ``source`` type."""
     base = field_type(source)
 
@@ -351,7 +444,7 @@ def restricted(*, code: int, name: str, source: str) -> Callable[[type[_T]], typ
             v, off = table[code](buf, off, depth)
             return new_cls(v), off
 
-        _register(new_cls, enc, dec)
+        _register(new_cls, enc, dec, provides, 1)
         _VALUE_DEC[new_cls] = value_dec
         return new_cls
 

@@ -60,7 +60,10 @@ class RemoteProtocolError(ProtocolError):
 
 
 class DecodeError(RemoteProtocolError):
-    """Bytes that are not a legal AMQP encoding (``amqp:decode-error``)."""
+    """Bytes that are not a legal AMQP encoding, or not of the type their field needs
+    (``amqp:decode-error``), or a legal value the field does not allow (``condition``
+    ``amqp:invalid-field``). Everything decoding rejects is one of these, so one ``except``
+    covers a frame and a message alike."""
 
-    def __init__(self, description: str) -> None:
-        super().__init__(DECODE_ERROR, description)
+    def __init__(self, description: str, condition: str = DECODE_ERROR) -> None:
+        super().__init__(condition, description)

@@ -27,7 +27,9 @@ class Event:
 
 @attrs.define(slots=True)
 class SaslDone(Event):
-    """The SASL layer finished: ``outcome`` 0 is ok, anything else is a refusal."""
+    """The SASL layer finished: ``outcome`` 0 is ok, anything else is a refusal. On the
+    server side ``identity`` is who the peer authenticated as, or, on a refused login, the
+    user it claimed to be (never a password)."""
 
     mechanism: str | None
     outcome: int
@@ -51,10 +53,14 @@ class ConnectionClosed(Event):
 
 @attrs.define(slots=True)
 class ProtocolViolation(Event):
-    """The peer broke the protocol; the engine has queued a close carrying ``condition``."""
+    """The peer broke the protocol; the engine has queued a close carrying ``condition``.
+
+    With ``cause`` (and ``amqp:internal-error``) it was our own fault handling the input: the
+    exception, for the log's traceback; the peer was told no more than the condition."""
 
     condition: str
     description: str
+    cause: BaseException | None = None
 
 
 @attrs.define(slots=True)

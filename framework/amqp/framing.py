@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from framework.amqp.codec import decode_from, encode_into
+from framework.amqp.codec import MAX_ELEMENTS, decode_from, encode_into
 from framework.amqp.errors import FRAMING_ERROR, DecodeError, RemoteProtocolError
 from framework.amqp.performatives import AMQP_PERFORMATIVES, SASL_PERFORMATIVES
 
@@ -84,12 +84,14 @@ def encode_frame(
     _HEADER.pack_into(out, start, size, 2, frame_type, channel)
 
 
-def split_body(body: bytes | bytearray | memoryview) -> tuple[Any, memoryview]:
+def split_body(
+    body: bytes | bytearray | memoryview, max_elements: int = MAX_ELEMENTS
+) -> tuple[Any, memoryview]:
     """Split a frame body into its performative and the payload after it, without copying the
     payload (a zero-copy view of ``body``). Raises ``DecodeError`` if the body does not start
-    with a described value."""
+    with a described value, or if that value holds more than ``max_elements`` values."""
     view = body if isinstance(body, memoryview) else memoryview(body)
-    performative, offset = decode_from(view, 0)
+    performative, offset = decode_from(view, 0, max_elements)
     return performative, view[offset:]
 
 
@@ -98,12 +100,14 @@ class FrameReader:
 
     ``max_frame_size`` is the limit we announced in our ``open``; the engine may raise it
     after negotiation. Frame types other than AMQP and SASL are a framing error.
+    ``max_elements`` bounds the values one performative may decode into (``MAX_ELEMENTS``).
     """
 
-    __slots__ = ("_buf", "_pos", "max_frame_size")
+    __slots__ = ("_buf", "_pos", "max_elements", "max_frame_size")
 
-    def __init__(self, max_frame_size: int = 0xFFFFFFFF) -> None:
+    def __init__(self, max_frame_size: int = 0xFFFFFFFF, max_elements: int = MAX_ELEMENTS) -> None:
         self.max_frame_size = max_frame_size
+        self.max_elements = max_elements
         self._buf = bytearray()
         self._pos = 0
 
@@ -168,7 +172,7 @@ class FrameReader:
             return Frame(ftype, channel, None, _NO_PAYLOAD)
         # One copy into a private bytearray that is never resized, so views of it stay valid.
         body = buf[pos + body_at : pos + size]
-        performative, payload = split_body(body)
+        performative, payload = split_body(body, self.max_elements)
         if type(performative) not in allowed:
             kind = "AMQP" if ftype == FRAME_AMQP else "SASL"
             raise DecodeError(f"{kind} frame body is not a {kind} performative")

@@ -2,7 +2,12 @@
 
 A ``Link`` only keeps state and checks rules; the session owns delivery-id allocation and
 windows, the connection writes frames. Sequence numbers (delivery-count, delivery-id) are
-RFC-1982 serial numbers modulo 2**32, so the arithmetic lives here in one place.
+RFC-1982 serial numbers modulo 2**32, so the arithmetic lives here in one place; link-credit
+is a plain uint (2**31 and more is a common "unlimited"), never compared as a serial number.
+
+What a peer can make a link hold is bounded: the bytes of an incomplete incoming message (per
+link by ``max_message_size``, per connection by ``IncomingBytes``) and the unsettled
+deliveries (``max_unsettled``, both directions).
 """
 
 from __future__ import annotations
@@ -21,6 +26,21 @@ if TYPE_CHECKING:
 
 SERIAL_MOD = 1 << 32
 SERIAL_MASK = SERIAL_MOD - 1
+UINT_MAX = SERIAL_MASK
+MAX_DELIVERY_TAG = 32
+"""transport.xml's delivery-tag: at most 32 bytes (a longer one is an invalid field)."""
+
+MAX_UNSETTLED = 4096
+"""Default bound on a link's unsettled deliveries (``ConnectionConfig.max_unsettled``), each
+~200 bytes: above the 1,000 replies a client grants credit for and a 1,024-call mailbox, so no
+pairlink peer meets it; a sender at it has no usable credit, a peer that sends past it has its
+link detached with ``amqp:resource-limit-exceeded``."""
+
+MAX_INCOMPLETE_BYTES = 64 * 2**20
+"""Default bound on the bytes of incomplete incoming messages one connection holds, across all
+its links (``ConnectionConfig.max_incomplete_bytes``). The size of the largest message we take
+by default: one such message always fits, and a peer that starts many at once, on as many
+links, holds no more than one would (8 never-ending ones held 461 MiB before)."""
 
 
 def serial_add(a: int, n: int) -> int:
@@ -39,6 +59,14 @@ class LinkState(enum.Enum):
     ATTACHED = "attached"
     DETACH_SENT = "detach-sent"  # ours went out, frames for the link are dropped until theirs
     DETACHED = "detached"
+
+
+@attrs.define
+class IncomingBytes:
+    """The bytes of incomplete incoming messages that all links of one connection hold."""
+
+    limit: int
+    held: int = 0
 
 
 class LinkError(Exception):
@@ -90,10 +118,12 @@ class Link:
     link_credit: int = 0
     available: int = 0
     drain: bool = False
+    # deliveries on this link in the session's unsettled tables (ours or the peer's)
+    unsettled: int = 0
+    max_unsettled: int = MAX_UNSETTLED
     # receiver side reassembly of a multi-frame delivery
     _partial: Delivery | None = None
-    _partial_chunks: list[bytes] = attrs.field(factory=list)
-    _partial_size: int = 0
+    _partial_buf: bytearray = attrs.field(factory=bytearray)
     _next_tag: int = 0
     user_data: Any = None  # free for the layer above (a mailbox, a future...)
 
@@ -124,6 +154,40 @@ class Link:
             return None
         return int(self.remote_attach.max_message_size)
 
+    @property
+    def usable_credit(self) -> int:
+        """As sender: how many unsettled deliveries we may send now, the credit the peer gave
+        as far as ``max_unsettled`` allows (pre-settled ones need only the credit)."""
+        return max(0, min(self.link_credit, self.max_unsettled - self.unsettled))
+
+    @property
+    def send_blocked(self) -> bool:
+        """As sender: no unsettled delivery may go out until a ``LinkFlow`` brings credit or a
+        ``DeliveryUpdated`` settles one of ours."""
+        return self.usable_credit <= 0
+
+    @property
+    def arriving(self) -> Delivery | None:
+        """As receiver: the delivery whose first frames came and whose last has not."""
+        return self._partial
+
+    def attach_frame(self, source: Source | None, target: Target | None) -> Attach:
+        """Our attach for this link, with the termini given (null ones refuse the link)."""
+        return Attach(
+            name=self.name,
+            handle=self.handle,
+            role=self.role,
+            snd_settle_mode=self.snd_settle_mode,
+            rcv_settle_mode=self.rcv_settle_mode,
+            source=source,
+            target=target,
+            initial_delivery_count=self.delivery_count if self.is_sender else None,
+            max_message_size=self.max_message_size if self.is_receiver else None,
+            offered_capabilities=self.offered_capabilities,
+            desired_capabilities=self.desired_capabilities,
+            properties=self.properties,
+        )
+
     def next_tag(self) -> bytes:
         tag = self._next_tag.to_bytes(8, "big").lstrip(b"\0") or b"\0"
         self._next_tag += 1
@@ -132,19 +196,23 @@ class Link:
     # -- sender side -----------------------------------------------------------------------
 
     def apply_remote_flow(self, delivery_count: int | None, link_credit: int) -> None:
-        """Recompute our credit from the receiver's view (§2.6.7 'link-credit_snd')."""
+        """Recompute our credit from the receiver's view (§2.6.7 'link-credit_snd').
+
+        delivery-count_rcv + link-credit_rcv - delivery-count_snd, with the two counts
+        subtracted as serial numbers (the deliveries still in flight to the receiver) and the
+        credit kept a uint: 2**31 and more is credit, not a negative distance."""
         if self.is_sender:
             base = self.delivery_count if delivery_count is None else delivery_count
-            self.link_credit = max(
-                0, serial_diff(serial_add(base, link_credit), self.delivery_count)
-            )
+            in_flight = serial_diff(self.delivery_count, base)
+            self.link_credit = min(max(0, link_credit - in_flight), UINT_MAX)
         else:
-            # a sender's flow tells the receiver how far its delivery-count has advanced
+            # a sender's flow tells the receiver how far its delivery-count has advanced (a
+            # drain): ours follows it (we have had every transfer sent before the flow), by
+            # the distance mod 2**32, which a drain of 2**31 or more credit does not exceed
             if delivery_count is not None:
-                advanced = serial_diff(delivery_count, self.delivery_count)
-                if advanced > 0:
-                    self.link_credit = max(0, self.link_credit - advanced)
-                    self.delivery_count = delivery_count
+                advanced = (delivery_count - self.delivery_count) & SERIAL_MASK
+                self.link_credit = max(0, self.link_credit - advanced)
+                self.delivery_count = delivery_count
 
     def consume_credit(self) -> None:
         """One delivery sent: credit may go below what we were granted only when pipelining."""
@@ -174,8 +242,19 @@ class Link:
                 raise errors.RemoteProtocolError(
                     errors.INVALID_FIELD, "first transfer of a delivery lacks id or tag"
                 )
+            if len(transfer.delivery_tag) > MAX_DELIVERY_TAG:
+                raise errors.RemoteProtocolError(
+                    errors.INVALID_FIELD,
+                    f"delivery-tag of {len(transfer.delivery_tag)} bytes (at most 32)",
+                )
             if self.link_credit <= 0:
                 raise LinkError(errors.TRANSFER_LIMIT_EXCEEDED, "transfer without link credit")
+            if not transfer.settled and self.unsettled >= self.max_unsettled:
+                raise LinkError(
+                    errors.RESOURCE_LIMIT_EXCEEDED,
+                    f"{self.unsettled} unsettled deliveries on {self.name!r} "
+                    f"(at most {self.max_unsettled}): settle some before sending more",
+                )
             self.link_credit -= 1
             self.delivery_count = serial_add(self.delivery_count, 1)
             partial = Delivery(
@@ -197,29 +276,36 @@ class Link:
             if transfer.state is not None:
                 partial.remote_state = transfer.state
         if transfer.aborted:
-            self._reset_partial()
+            self.discard_partial()
             return None
-        size = self._partial_size + len(payload)
+        buf = self._partial_buf
+        size = len(buf) + len(payload)
         limit = self.max_message_size
         if limit and size > limit:
-            self._reset_partial()
+            self.discard_partial()
             raise LinkError(
                 errors.MESSAGE_SIZE_EXCEEDED, f"message of over {limit} bytes on {self.name!r}"
             )
         if transfer.more:
+            incoming = self.session.incoming
+            if incoming.held + len(payload) > incoming.limit:
+                self.discard_partial()
+                raise LinkError(
+                    errors.RESOURCE_LIMIT_EXCEEDED,
+                    f"incomplete messages on this connection would pass {incoming.limit} bytes",
+                )
             self._partial = partial
-            self._partial_chunks.append(bytes(payload))
-            self._partial_size = size
+            buf += payload  # one growing buffer: no per-frame object a tiny frame could inflate
+            incoming.held += len(payload)
             return None
-        if self._partial_chunks:
-            self._partial_chunks.append(bytes(payload))
-            partial_payload = b"".join(self._partial_chunks)
-        else:
-            partial_payload = bytes(payload)
-        self._reset_partial()
-        return partial, partial_payload
+        self.discard_partial()  # complete: the link holds nothing of it any more
+        if buf:
+            buf += payload
+            return partial, bytes(buf)
+        return partial, bytes(payload)
 
-    def _reset_partial(self) -> None:
+    def discard_partial(self) -> None:
+        """Drop the delivery still arriving (aborted, refused, or its link gone)."""
+        self.session.incoming.held -= len(self._partial_buf)
         self._partial = None
-        self._partial_chunks = []
-        self._partial_size = 0
+        self._partial_buf = bytearray()

@@ -19,10 +19,13 @@ import attrs
 
 from framework.amqp.codec import (
     DECODE_FAULTS,
+    MAX_ELEMENTS,
     ClassDecoder,
     as_decode_error,
     decode_from,
+    decode_more,
     encode_into,
+    start_budget,
 )
 from framework.amqp.described import class_decoder, composite, restricted, value_decoder
 from framework.amqp.errors import DecodeError
@@ -103,7 +106,7 @@ class Error:
 # --------------------------------------------------------------------------------------------
 
 
-@composite(code=0x70, name="amqp:header:list")
+@composite(code=0x70, name="amqp:header:list", provides=("section",))
 class Header:
     """Transport headers: durability, priority, ttl and redelivery count (not bare message)."""
 
@@ -114,21 +117,25 @@ class Header:
     delivery_count: int = amqp_field("uint", default=0)
 
 
-@restricted(code=0x71, name="amqp:delivery-annotations:map", source="annotations")
+@restricted(
+    code=0x71, name="amqp:delivery-annotations:map", source="annotations", provides=("section",)
+)
 class DeliveryAnnotations:
     """Hop-by-hop annotations, consumed by the next node."""
 
     value: dict[Any, Any]
 
 
-@restricted(code=0x72, name="amqp:message-annotations:map", source="annotations")
+@restricted(
+    code=0x72, name="amqp:message-annotations:map", source="annotations", provides=("section",)
+)
 class MessageAnnotations:
     """Annotations that travel with the message through intermediaries."""
 
     value: dict[Any, Any]
 
 
-@composite(code=0x73, name="amqp:properties:list")
+@composite(code=0x73, name="amqp:properties:list", provides=("section",))
 class Properties:
     """Immutable standard properties (first section of the bare message).
 
@@ -151,35 +158,35 @@ class Properties:
     reply_to_group_id: str | None = amqp_field("string")
 
 
-@restricted(code=0x74, name="amqp:application-properties:map", source="map")
+@restricted(code=0x74, name="amqp:application-properties:map", source="map", provides=("section",))
 class ApplicationProperties:
     """String-keyed simple values for routing and filtering (bare message)."""
 
     value: dict[Any, Any]
 
 
-@restricted(code=0x75, name="amqp:data:binary", source="binary")
+@restricted(code=0x75, name="amqp:data:binary", source="binary", provides=("section",))
 class Data:
     """One opaque binary body section."""
 
     value: bytes
 
 
-@restricted(code=0x76, name="amqp:amqp-sequence:list", source="list")
+@restricted(code=0x76, name="amqp:amqp-sequence:list", source="list", provides=("section",))
 class AmqpSequence:
     """One list-of-values body section."""
 
     value: list[Any]
 
 
-@restricted(code=0x77, name="amqp:amqp-value:*", source="*")
+@restricted(code=0x77, name="amqp:amqp-value:*", source="*", provides=("section",))
 class AmqpValue:
     """The single AMQP value body section."""
 
     value: Any
 
 
-@restricted(code=0x78, name="amqp:footer:map", source="annotations")
+@restricted(code=0x78, name="amqp:footer:map", source="annotations", provides=("section",))
 class Footer:
     """Annotations computed over the whole bare message (hashes, signatures)."""
 
@@ -191,7 +198,7 @@ class Footer:
 # --------------------------------------------------------------------------------------------
 
 
-@composite(code=0x23, name="amqp:received:list")
+@composite(code=0x23, name="amqp:received:list", provides=("delivery-state",))
 class Received:
     """Non-terminal state: how far the payload got (for resuming a delivery)."""
 
@@ -199,24 +206,52 @@ class Received:
     section_offset: int = amqp_field("ulong", mandatory=True)
 
 
-@composite(code=0x24, name="amqp:accepted:list")
+@composite(
+    code=0x24,
+    name="amqp:accepted:list",
+    provides=(
+        "delivery-state",
+        "outcome",
+    ),
+)
 class Accepted:
     """Outcome: processed successfully."""
 
 
-@composite(code=0x25, name="amqp:rejected:list")
+@composite(
+    code=0x25,
+    name="amqp:rejected:list",
+    provides=(
+        "delivery-state",
+        "outcome",
+    ),
+)
 class Rejected:
     """Outcome: invalid and unprocessable; ``error`` says why."""
 
     error: Error | None = amqp_field("error")
 
 
-@composite(code=0x26, name="amqp:released:list")
+@composite(
+    code=0x26,
+    name="amqp:released:list",
+    provides=(
+        "delivery-state",
+        "outcome",
+    ),
+)
 class Released:
     """Outcome: not acted upon; may be redelivered unchanged."""
 
 
-@composite(code=0x27, name="amqp:modified:list")
+@composite(
+    code=0x27,
+    name="amqp:modified:list",
+    provides=(
+        "delivery-state",
+        "outcome",
+    ),
+)
 class Modified:
     """Outcome: not acted upon; the node should modify the message as described."""
 
@@ -234,7 +269,7 @@ Outcome: TypeAlias = "Accepted | Rejected | Released | Modified"
 # --------------------------------------------------------------------------------------------
 
 
-@composite(code=0x28, name="amqp:source:list")
+@composite(code=0x28, name="amqp:source:list", provides=("source",))
 class Source:
     """The source terminus of a link (``durable``/``expiry_policy``: the constants above)."""
 
@@ -246,12 +281,12 @@ class Source:
     dynamic_node_properties: dict[Symbol, Any] | None = amqp_field("node-properties")
     distribution_mode: str | None = amqp_field("symbol")
     filter: dict[Any, Any] | None = amqp_field("filter-set")
-    default_outcome: Outcome | None = amqp_field("*")
+    default_outcome: Outcome | None = amqp_field("outcome")
     outcomes: list[Symbol] | None = amqp_field("symbol", multiple=True)
     capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
 
 
-@composite(code=0x29, name="amqp:target:list")
+@composite(code=0x29, name="amqp:target:list", provides=("target",))
 class Target:
     """The target terminus of a link."""
 
@@ -264,22 +299,24 @@ class Target:
     capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
 
 
-@composite(code=0x2B, name="amqp:delete-on-close:list")
+@composite(code=0x2B, name="amqp:delete-on-close:list", provides=("lifetime-policy",))
 class DeleteOnClose:
     """Lifetime policy: delete the dynamic node when the creating link closes."""
 
 
-@composite(code=0x2C, name="amqp:delete-on-no-links:list")
+@composite(code=0x2C, name="amqp:delete-on-no-links:list", provides=("lifetime-policy",))
 class DeleteOnNoLinks:
     """Lifetime policy: delete the node once it has no links."""
 
 
-@composite(code=0x2D, name="amqp:delete-on-no-messages:list")
+@composite(code=0x2D, name="amqp:delete-on-no-messages:list", provides=("lifetime-policy",))
 class DeleteOnNoMessages:
     """Lifetime policy: delete the node once it holds no messages."""
 
 
-@composite(code=0x2E, name="amqp:delete-on-no-links-or-messages:list")
+@composite(
+    code=0x2E, name="amqp:delete-on-no-links-or-messages:list", provides=("lifetime-policy",)
+)
 class DeleteOnNoLinksOrMessages:
     """Lifetime policy: delete the node once it has neither links nor messages."""
 
@@ -377,8 +414,12 @@ class Message:
         return bytes(out)
 
     @classmethod
-    def decode(cls, payload: bytes | bytearray | memoryview) -> Message:
-        """Parse a whole transfer payload; ``DecodeError`` on junk, bad order or mixed bodies.
+    def decode(
+        cls, payload: bytes | bytearray | memoryview, max_elements: int = MAX_ELEMENTS
+    ) -> Message:
+        """Parse a whole transfer payload; ``DecodeError`` on junk, bad order or mixed bodies,
+        and on more than ``max_elements`` values in all its sections together (codec.py's
+        ``MAX_ELEMENTS``: what bounds the memory and time one message may cost to decode).
 
         A message without a body section (Proton writes those) decodes with ``body=None``.
 
@@ -395,6 +436,7 @@ class Message:
         body_code = -1
         chunks: list[Any] = []
         fast = _SECTION_DEC
+        start_budget(max_elements)
         try:
             while pos < end:
                 if payload[pos] == 0 and payload[pos + 1] == 0x53 and payload[pos + 2] in fast:
@@ -402,7 +444,7 @@ class Message:
                     rank, dec = fast[code]
                     value, pos = dec(payload[pos + 3], payload, pos + 4, 1)
                 else:
-                    section, pos = decode_from(payload, pos)
+                    section, pos = decode_more(payload, pos)
                     tp = type(section)
                     rank = _RANK.get(tp, -1)
                     if rank < 0:
@@ -477,7 +519,7 @@ def _next_section(buf: Any, pos: int) -> tuple[int, int]:
             raise DecodeError("message section runs past the end of the payload")
         if end >= 0 and code in _RANK_BY_CODE:
             return code, end
-    section, end = decode_from(buf, pos)
+    section, end = decode_more(buf, pos)
     desc = getattr(type(section), "__amqp_descriptor__", None)
     if desc is None or type(section) not in _RANK:
         raise DecodeError(f"not a message section: {type(section).__name__}")
@@ -490,8 +532,10 @@ def bare_message_span(payload: bytes | bytearray | memoryview) -> tuple[int, int
     A gateway may rewrite the header and annotations but must forward the bare message byte for
     byte (signatures and hashes cover its exact encoding). Sections with a sized encoding are
     stepped over, not decoded, so a 1 MiB body costs what a 1 KiB one does. Checks section
-    kinds and order (``DecodeError``), not the contents of what it skips.
+    kinds and order (``DecodeError``), not the contents of what it skips; what it does decode
+    shares one ``MAX_ELEMENTS`` budget.
     """
+    start_budget()
     end = len(payload)
     pos = 0
     start = -1
@@ -511,6 +555,26 @@ def bare_message_span(payload: bytes | bytearray | memoryview) -> tuple[int, int
         last_rank, last_code = rank, code
         pos = nxt
     return (start if start >= 0 else end), end
+
+
+def decode_head(payload: bytes | bytearray | memoryview) -> Message:
+    """The message without its body: the sections before it decoded, the body (and footer)
+    stepped over, not decoded. What a service reads of a request whose body it cannot decode,
+    to answer it on its reply path; ``DecodeError`` if the head itself is junk."""
+    end = len(payload)
+    pos = 0
+    try:
+        while pos < end:
+            usual = payload[pos] == 0 and payload[pos + 1] == 0x53  # 0x00 0x53 code
+            if usual and _RANK_BY_CODE.get(payload[pos + 2], -1) >= _BODY:
+                break  # a body by its descriptor: not a byte of it is read
+            code, nxt = _next_section(payload, pos)
+            if _RANK_BY_CODE[code] >= _BODY:
+                break
+            pos = nxt
+    except DECODE_FAULTS as exc:
+        raise as_decode_error(exc) from None
+    return Message.decode(payload[:pos])
 
 
 _HEADER_START = b"\x00\x53\x70"  # described by the small-ulong code of amqp:header:list

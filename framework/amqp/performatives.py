@@ -81,7 +81,7 @@ MIN_MAX_FRAME_SIZE = 512
 _UINT_MAX = 4294967295
 
 
-@composite(code=0x10, name="amqp:open:list")
+@composite(code=0x10, name="amqp:open:list", provides=("frame",))
 class Open:
     """Connection parameters each side announces once, first thing after the header."""
 
@@ -97,7 +97,7 @@ class Open:
     properties: dict[Symbol, Any] | None = amqp_field("fields")
 
 
-@composite(code=0x11, name="amqp:begin:list")
+@composite(code=0x11, name="amqp:begin:list", provides=("frame",))
 class Begin:
     """Starts a session on a channel (``remote_channel`` set when answering the peer's begin)."""
 
@@ -111,7 +111,7 @@ class Begin:
     properties: dict[Symbol, Any] | None = amqp_field("fields")
 
 
-@composite(code=0x12, name="amqp:attach:list")
+@composite(code=0x12, name="amqp:attach:list", provides=("frame",))
 class Attach:
     """Attaches a link endpoint to a session (``role``: ROLE_SENDER / ROLE_RECEIVER)."""
 
@@ -131,7 +131,7 @@ class Attach:
     properties: dict[Symbol, Any] | None = amqp_field("fields")
 
 
-@composite(code=0x13, name="amqp:flow:list")
+@composite(code=0x13, name="amqp:flow:list", provides=("frame",))
 class Flow:
     """Session windows and, with ``handle``, one link's credit."""
 
@@ -148,7 +148,7 @@ class Flow:
     properties: dict[Symbol, Any] | None = amqp_field("fields")
 
 
-@composite(code=0x14, name="amqp:transfer:list")
+@composite(code=0x14, name="amqp:transfer:list", provides=("frame",))
 class Transfer:
     """One frame of a delivery; the message bytes follow it as the frame payload."""
 
@@ -165,7 +165,7 @@ class Transfer:
     batchable: bool = amqp_field("boolean", default=False)
 
 
-@composite(code=0x15, name="amqp:disposition:list")
+@composite(code=0x15, name="amqp:disposition:list", provides=("frame",))
 class Disposition:
     """State and settlement of the deliveries ``first``..``last`` (inclusive)."""
 
@@ -177,7 +177,7 @@ class Disposition:
     batchable: bool = amqp_field("boolean", default=False)
 
 
-@composite(code=0x16, name="amqp:detach:list")
+@composite(code=0x16, name="amqp:detach:list", provides=("frame",))
 class Detach:
     """Detaches (``closed=True``: closes) a link endpoint."""
 
@@ -186,28 +186,28 @@ class Detach:
     error: Error | None = amqp_field("error")
 
 
-@composite(code=0x17, name="amqp:end:list")
+@composite(code=0x17, name="amqp:end:list", provides=("frame",))
 class End:
     """Ends a session."""
 
     error: Error | None = amqp_field("error")
 
 
-@composite(code=0x18, name="amqp:close:list")
+@composite(code=0x18, name="amqp:close:list", provides=("frame",))
 class Close:
     """Closes the connection."""
 
     error: Error | None = amqp_field("error")
 
 
-@composite(code=0x40, name="amqp:sasl-mechanisms:list")
+@composite(code=0x40, name="amqp:sasl-mechanisms:list", provides=("sasl-frame",))
 class SaslMechanisms:
     """The server's mechanisms, offered once after the SASL header."""
 
     sasl_server_mechanisms: list[Symbol] = amqp_field("symbol", mandatory=True, multiple=True)
 
 
-@composite(code=0x41, name="amqp:sasl-init:list")
+@composite(code=0x41, name="amqp:sasl-init:list", provides=("sasl-frame",))
 class SaslInit:
     """The client's chosen mechanism and its initial response."""
 
@@ -216,21 +216,21 @@ class SaslInit:
     hostname: str | None = amqp_field("string")
 
 
-@composite(code=0x42, name="amqp:sasl-challenge:list")
+@composite(code=0x42, name="amqp:sasl-challenge:list", provides=("sasl-frame",))
 class SaslChallenge:
     """A server challenge (multi-step mechanisms)."""
 
     challenge: bytes = amqp_field("binary", mandatory=True)
 
 
-@composite(code=0x43, name="amqp:sasl-response:list")
+@composite(code=0x43, name="amqp:sasl-response:list", provides=("sasl-frame",))
 class SaslResponse:
     """The client's answer to a challenge."""
 
     response: bytes = amqp_field("binary", mandatory=True)
 
 
-@composite(code=0x44, name="amqp:sasl-outcome:list")
+@composite(code=0x44, name="amqp:sasl-outcome:list", provides=("sasl-frame",))
 class SaslOutcome:
     """The end of SASL: ``code`` is one of the SASL_* constants."""
 

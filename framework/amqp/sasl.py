@@ -95,7 +95,8 @@ class SaslServer:
         return mechs
 
     def judge(self, init: SaslInit) -> tuple[SaslOutcome, str | None]:
-        """Decide on a ``sasl-init``: the outcome to send and the authenticated identity."""
+        """Decide on a ``sasl-init``: the outcome to send and the identity, authenticated on
+        success; on a refused PLAIN login, the user it claimed to be (for the logs)."""
         mechanism = str(init.mechanism)
         if mechanism not in self.offered():
             return SaslOutcome(code=SASL_AUTH), None
@@ -118,7 +119,7 @@ class SaslServer:
         except UnicodeDecodeError:
             return SaslOutcome(code=SASL_AUTH), None
         if not self.check_plain(authzid, username, password):
-            return SaslOutcome(code=SASL_AUTH), None
+            return SaslOutcome(code=SASL_AUTH), username
         return SaslOutcome(code=SASL_OK), username
 
 

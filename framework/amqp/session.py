@@ -2,8 +2,9 @@
 
 The session numbers every transfer frame (next-outgoing-id / next-incoming-id), keeps both
 windows of §2.5.6, allocates delivery ids shared by its links, and remembers unsettled
-deliveries both ways so dispositions (ranges included) can find them. Frames go out through the
-``write`` callable the connection hands in; the session never sees bytes.
+deliveries both ways so dispositions (ranges included) can find them, counting them per link
+(``Link.unsettled``) so each link's bound holds. Frames go out through the ``write`` callable
+the connection hands in; the session never sees bytes.
 """
 
 from __future__ import annotations
@@ -17,13 +18,25 @@ import attrs
 
 from . import errors
 from .codec import encode
-from .link import Delivery, Link, LinkState, serial_add, serial_diff
-from .performatives import ROLE_RECEIVER, Begin, Disposition, Flow, Transfer
+from .link import (
+    MAX_INCOMPLETE_BYTES,
+    Delivery,
+    IncomingBytes,
+    Link,
+    LinkState,
+    serial_add,
+    serial_diff,
+)
+from .performatives import ROLE_RECEIVER, ROLE_SENDER, Attach, Begin, Disposition, Flow, Transfer
 
 WriteFrame = Callable[[Any, bytes | memoryview], None]
 
 PIPELINE_WINDOW = 16
 """Transfer frames we send before the peer's begin tells us its incoming window (LP-10)."""
+
+HANDLE_MAX = 1023
+"""Default highest link handle we accept on a session (``ConnectionConfig.handle_max``): 1,024
+links per session, each holding its bounded partial message and unsettled deliveries."""
 
 # Fixed part of a transfer frame besides the performative's own encoding: the frame header.
 FRAME_HEADER_SIZE = 8
@@ -50,7 +63,7 @@ class Session:
     write: WriteFrame = attrs.field(repr=False)
     state: SessionState
     incoming_window_size: int = 65536
-    handle_max: int = 1023
+    handle_max: int = HANDLE_MAX
     remote_channel: int | None = None
     next_outgoing_id: int = 0
     outgoing_window: int = 2**31 - 1
@@ -65,9 +78,10 @@ class Session:
     names: dict[tuple[str, bool], Link] = attrs.field(factory=dict)  # (name, our role)
     unsettled_out: dict[int, Delivery] = attrs.field(factory=dict)
     unsettled_in: dict[int, Delivery] = attrs.field(factory=dict)
+    incoming: IncomingBytes = attrs.field(factory=lambda: IncomingBytes(MAX_INCOMPLETE_BYTES))
     _blocked: deque[tuple[Transfer, bytes | memoryview]] = attrs.field(factory=deque)
+    blocked_bytes: int = 0  # payload bytes in ``_blocked``: written once the peer's window opens
     _pending_dispositions: list[tuple[bool, int, bool, Any]] = attrs.field(factory=list)
-    _incoming_delivery_id: int | None = None  # id of the multi-frame delivery in progress
     next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
     user_data: Any = None
 
@@ -98,11 +112,13 @@ class Session:
 
     # -- handles ---------------------------------------------------------------------------
 
-    def allocate_handle(self) -> int:
-        for handle in range(self.handle_max + 1):
+    def free_handle(self) -> int | None:
+        """The lowest handle free for a link of ours: within our handle-max and the peer's,
+        since the peer MUST NOT be sent a handle above its own (§2.7.2); None if none is."""
+        for handle in range(min(self.handle_max, self.remote_handle_max) + 1):
             if handle not in self.links:
                 return handle
-        raise errors.LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free link handle")
+        return None
 
     def add_link(self, link: Link) -> None:
         self.links[link.handle] = link
@@ -116,9 +132,60 @@ class Session:
             self.remote_links.pop(link.remote_handle, None)
         if self.names.get((link.name, link.role)) is link:
             del self.names[(link.name, link.role)]
-        for table in (self.unsettled_in, self.unsettled_out):
-            for delivery_id in [i for i, d in table.items() if d.link is link]:
-                del table[delivery_id]
+        link.discard_partial()
+        if link.unsettled:  # (skipping the scan keeps detaching settled links O(1))
+            for table in (self.unsettled_in, self.unsettled_out):
+                for delivery_id in [i for i, d in table.items() if d.link is link]:
+                    del table[delivery_id]
+            link.unsettled = 0
+
+    def on_attach(self, attach: Attach, max_unsettled: int) -> tuple[Link, bool] | None:
+        """Take the peer's attach: the link it answers, or the one it starts (then True: the
+        user must answer it), or None when it answers a link we detached meanwhile."""
+        handle = attach.handle
+        if handle in self.remote_links:
+            raise errors.RemoteProtocolError(errors.HANDLE_IN_USE, f"handle {handle} is in use")
+        if handle > self.handle_max:  # §2.7.2: a framing error
+            raise errors.RemoteProtocolError(
+                errors.FRAMING_ERROR, f"handle {handle} is above our handle-max {self.handle_max}"
+            )
+        our_role = not attach.role
+        link = self.names.get((attach.name, our_role))
+        if link is not None and link.state is LinkState.DETACH_SENT and link.remote_attach is None:
+            # we detached before the peer's answer came: the frames crossed, which is legal;
+            # its detach follows and ends the link
+            link.remote_attach = attach
+            link.remote_handle = handle
+            self.remote_links[handle] = link
+            return None
+        if link is not None and link.state is not LinkState.ATTACH_SENT:
+            raise errors.RemoteProtocolError(
+                errors.ILLEGAL_STATE, f"link {attach.name!r} is already attached"
+            )
+        if attach.role is ROLE_SENDER and attach.initial_delivery_count is None:
+            raise errors.RemoteProtocolError(
+                errors.INVALID_FIELD, "a sender's attach lacks initial-delivery-count"
+            )
+        requested = link is None
+        if link is None:
+            ours = self.free_handle()
+            if ours is None:  # one handle each side per link: no more links than that
+                raise errors.RemoteProtocolError(
+                    errors.NOT_ALLOWED,
+                    f"attach {attach.name!r}: more links on this session than handle-max "
+                    f"{min(self.handle_max, self.remote_handle_max)} allows",
+                )
+            link = Link(self, attach.name, ours, our_role, LinkState.ATTACH_RECEIVED,
+                        max_unsettled=max_unsettled)  # fmt: skip
+            self.add_link(link)
+        else:
+            link.state = LinkState.ATTACHED
+        link.remote_attach = attach
+        link.remote_handle = handle
+        self.remote_links[handle] = link
+        if attach.initial_delivery_count is not None and link.is_receiver:
+            link.delivery_count = attach.initial_delivery_count
+        return link, requested
 
     def remote_link(self, handle: int) -> Link:
         link = self.remote_links.get(handle)
@@ -151,9 +218,10 @@ class Session:
     def on_flow(self, flow: Flow) -> Link | None:
         """Take the peer's flow; returns the link it names, if any (state already applied)."""
         next_incoming = 0 if flow.next_incoming_id is None else flow.next_incoming_id
-        self.remote_incoming_window = max(
-            0, serial_diff(serial_add(next_incoming, flow.incoming_window), self.next_outgoing_id)
-        )
+        # next-incoming-id_rcv + incoming-window_rcv - next-outgoing-id_snd: the ids differ
+        # as serial numbers (our frames in flight), the window is a uint (2**31+ is no debt)
+        in_flight = serial_diff(self.next_outgoing_id, next_incoming)
+        self.remote_incoming_window = max(0, flow.incoming_window - in_flight)
         self.remote_outgoing_window = flow.outgoing_window
         link = None
         if flow.handle is not None:
@@ -186,6 +254,7 @@ class Session:
         link.consume_credit()
         if not settled:
             self.unsettled_out[delivery.delivery_id] = delivery
+            link.unsettled += 1
         first = Transfer(
             handle=link.handle,
             delivery_id=delivery.delivery_id,
@@ -215,6 +284,7 @@ class Session:
     def _queue_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
         if self._blocked or self.remote_incoming_window <= 0:
             self._blocked.append((transfer, chunk))
+            self.blocked_bytes += len(chunk)
             return
         self._write_transfer(transfer, chunk)
 
@@ -225,7 +295,9 @@ class Session:
 
     def _unblock(self) -> None:
         while self._blocked and self.remote_incoming_window > 0:
-            self._write_transfer(*self._blocked.popleft())
+            transfer, chunk = self._blocked.popleft()
+            self.blocked_bytes -= len(chunk)
+            self._write_transfer(transfer, chunk)
 
     # -- incoming transfers ----------------------------------------------------------------
 
@@ -246,26 +318,27 @@ class Session:
                 errors.ILLEGAL_STATE, f"transfer on {link.name!r}, where the peer is receiver"
             )
         delivery_id = transfer.delivery_id
-        if delivery_id is None and self._incoming_delivery_id is not None:
-            delivery_id = self._incoming_delivery_id
-        elif delivery_id is not None and self._incoming_delivery_id is None:
+        if link.state is LinkState.DETACH_SENT:
+            # frames still in flight on a link we detached are dropped, but their delivery ids
+            # count: the peer numbers its deliveries per session, whatever became of the link
+            if delivery_id is not None:
+                self.next_incoming_delivery = serial_add(delivery_id, 1)
+            return link, None
+        arriving = link.arriving
+        if arriving is not None:  # a continuation: deliveries on other links may interleave,
+            if delivery_id is None:  # so the link, not the session, knows which one it is
+                delivery_id = arriving.delivery_id
+        elif delivery_id is not None:  # a new delivery: ids follow each other on the session
             expected = self.next_incoming_delivery
             if expected is not None and delivery_id != expected:
                 raise errors.RemoteProtocolError(
                     errors.INVALID_FIELD, f"delivery-id {delivery_id}, expected {expected}"
                 )
-        # frames still in flight on a link we detached are dropped, but their delivery ids
-        # count: the peer numbers its deliveries per session, whatever became of the link
-        dropped = link.state is LinkState.DETACH_SENT
-        done = None if dropped else link.receive_transfer(transfer, payload, delivery_id)
-        if transfer.more and not transfer.aborted:
-            self._incoming_delivery_id = delivery_id
-        else:
-            self._incoming_delivery_id = None
-            if delivery_id is not None:
-                self.next_incoming_delivery = serial_add(delivery_id, 1)
+            self.next_incoming_delivery = serial_add(delivery_id, 1)
+        done = link.receive_transfer(transfer, payload, delivery_id)
         if done is not None and not done[0].remote_settled:
             self.unsettled_in[done[0].delivery_id] = done[0]
+            link.unsettled += 1
         return link, done
 
     # -- dispositions ----------------------------------------------------------------------
@@ -276,7 +349,9 @@ class Session:
         if settled:
             delivery.settled = True
             table = self.unsettled_in if delivery.link.is_receiver else self.unsettled_out
-            table.pop(delivery.delivery_id, None)
+            if table.get(delivery.delivery_id) is delivery:
+                del table[delivery.delivery_id]
+                delivery.link.unsettled -= 1
         role = delivery.link.role
         self._pending_dispositions.append((role, delivery.delivery_id, settled, state))
 
@@ -345,6 +420,7 @@ class Session:
             if disposition.settled:
                 delivery.remote_settled = True
                 del table[delivery_id]
+                delivery.link.unsettled -= 1
             changed.append(delivery)
         return changed
 

@@ -216,16 +216,30 @@ FIELD_TYPES = frozenset(
 symbols), ``message-id`` (like ``*``, but a plain ``int`` goes out as the ulong the spec allows
 there, not as a long) and ``*`` (any value, its type chosen by its Python type)."""
 
-# Restricted spec types that fields may name directly, and what they are on the wire.
+# Restricted spec types that fields may name directly, and what they are on the wire. The only
+# ``address`` the spec defines is ``address-string``, so an address is a string.
 _ALIASES = {
     **dict.fromkeys(("milliseconds", "seconds", "handle", "sequence-no", "delivery-number",
                      "transfer-number", "message-format", "terminus-durability"), "uint"),
     **dict.fromkeys(("sender-settle-mode", "receiver-settle-mode", "sasl-code"), "ubyte"),
     **dict.fromkeys(("ietf-language-tag", "terminus-expiry-policy"), "symbol"),
     **dict.fromkeys(("annotations", "filter-set", "node-properties"), "fields"),
-    **dict.fromkeys(("address", "error", "delivery-state", "outcome", "source", "target"), "*"),
-    "role": "boolean", "delivery-tag": "binary",
+    **dict.fromkeys(("error", "delivery-state", "outcome", "source", "target"), "*"),
+    "role": "boolean", "delivery-tag": "binary", "address": "string",
 }  # fmt: skip
+REQUIRES = frozenset(_k for _k, _v in _ALIASES.items() if _v == "*")
+"""Spec types a field names whose values are described types that ``provide`` them (or, for
+``error``, the composite of that name): anything else there is a decode error, whatever it is."""
+_CHOICES: dict[str, frozenset[Any]] = {
+    "sender-settle-mode": frozenset((0, 1, 2)),
+    "receiver-settle-mode": frozenset((0, 1)),
+    "terminus-durability": frozenset((0, 1, 2)),
+    "terminus-expiry-policy": frozenset(
+        ("link-detach", "session-end", "connection-close", "never")
+    ),
+    "sasl-code": frozenset((0, 1, 2, 3, 4)),
+}
+"""The values a restricted type with ``<choice>``s allows (another value is an invalid field)."""
 FIELD_META = "pairlink.amqp"
 """Key of the ``FieldSpec`` in an attrs field's metadata."""
 
@@ -240,12 +254,19 @@ def field_type(name: str) -> str:
 
 @attrs.frozen
 class FieldSpec:
-    """One field of a composite: its AMQP type (aliases resolved) and its spec flags."""
+    """One field of a composite: its AMQP type (aliases resolved) and its spec flags.
+
+    ``requires``: the spec type its described value must provide (``source``...), if any;
+    ``choices``: the values its restricted type allows, if it lists them. Both are checked when
+    the field is decoded, so a value that reaches the engine is one the spec allows there.
+    """
 
     amqp_type: str
     mandatory: bool = False
     multiple: bool = False
     default: Any = None
+    requires: str | None = None
+    choices: frozenset[Any] | None = None
 
 
 def amqp_field(
@@ -256,5 +277,12 @@ def amqp_field(
     Mandatory fields default to ``None`` too (attrs forbids required fields after optional
     ones, and the spec interleaves them); leaving one unset fails at encode time.
     """
-    spec = FieldSpec(field_type(amqp_type), mandatory, multiple, default)
+    spec = FieldSpec(
+        field_type(amqp_type),
+        mandatory,
+        multiple,
+        default,
+        amqp_type if amqp_type in REQUIRES else None,
+        _CHOICES.get(amqp_type),
+    )
     return attrs.field(default=default, metadata={FIELD_META: spec})

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from framework.amqp import errors
@@ -26,8 +24,7 @@ from framework.amqp.events import (
     SessionEnded,
     TransportFailed,
 )
-from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER, FrameReader, encode_frame
-from framework.amqp.link import Link
+from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER
 from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
 from framework.amqp.performatives import (
     RCV_SECOND,
@@ -36,7 +33,6 @@ from framework.amqp.performatives import (
     SND_SETTLED,
     Attach,
     Begin,
-    Close,
     Detach,
     Flow,
     Open,
@@ -45,77 +41,17 @@ from framework.amqp.performatives import (
 from framework.amqp.sasl import SaslClient, SaslServer
 from framework.amqp.session import TRANSFER_BOUND
 from framework.testing import engine_pair, pump, sasl_engine_pair
-
-
-def of(events: list[Event], kind: type) -> list[Any]:
-    return [e for e in events if isinstance(e, kind)]
-
-
-def frames(data: bytes, headers: int = 0) -> list[Any]:
-    """Performatives in ``data`` (after ``headers`` protocol headers); None for heartbeats."""
-    reader = FrameReader()
-    reader.feed(data)
-    for _ in range(headers):
-        assert reader.read_protocol_header() is not None
-    out = []
-    while (frame := reader.read_frame()) is not None:
-        out.append(frame.performative)
-    assert reader.buffered == 0
-    return out
-
-
-def opened_pair(**server_cfg: Any) -> tuple[Connection, Connection]:
-    client, server = engine_pair(
-        ConnectionConfig("client"), ConnectionConfig("server", **server_cfg)
-    )
-    client.open()
-    server.open()
-    pump(client, server)
-    return client, server
-
-
-def linked(
-    client: Connection, server: Connection, *, credit: int = 10, **attach: Any
-) -> tuple[Link, Link]:
-    """A client sender attached to a server receiver holding ``credit``."""
-    session = client.begin()
-    sender = client.attach(
-        session,
-        name="l1",
-        role=ROLE_SENDER,
-        source=Source(address="a"),
-        target=Target(address="q"),
-        **attach,
-    )
-    _, ev = pump(client, server)
-    (req,) = of(ev, LinkAttachRequested)
-    receiver = req.link
-    server.answer_attach(receiver, source=receiver.remote_source, target=receiver.remote_target)
-    server.flow(receiver, credit)
-    pump(client, server)
-    assert sender.link_credit == credit
-    return sender, receiver
-
-
-def server_frames_after(server: Connection, inject: bytes) -> tuple[list[Event], list[Any]]:
-    events = server.receive_data(inject)
-    return events, frames(server.data_to_send())
-
-
-def violation(events: list[Event], out: list[Any]) -> str:
-    """The condition of the close the engine answered with (and checks it is one)."""
-    (pv,) = of(events, ProtocolViolation)
-    closes = [f for f in out if isinstance(f, Close)]
-    assert closes and closes[-1].error is not None
-    assert closes[-1].error.condition == pv.condition
-    return str(pv.condition)
-
-
-def raw(channel: int, performative: Any, payload: bytes = b"") -> bytes:
-    out = bytearray()
-    encode_frame(out, channel, performative, payload)
-    return bytes(out)
-
+from tests.amqp.engine_peer import (
+    attach_sender,
+    begun,
+    frames,
+    linked,
+    of,
+    opened_pair,
+    raw,
+    server_frames_after,
+    violation,
+)
 
 # -- the happy paths -------------------------------------------------------------------------
 
@@ -566,32 +502,9 @@ def test_not_allowed_for_a_frame_on_a_channel_without_session() -> None:
     assert violation(events, out) == errors.NOT_ALLOWED
 
 
-def _begun(server: Connection) -> None:
-    server.receive_data(raw(0, Begin(next_outgoing_id=0, incoming_window=2, outgoing_window=9)))
-    server.data_to_send()
-
-
-def _attach_sender(server: Connection, handle: int = 0, name: str = "l") -> Link:
-    events = server.receive_data(
-        raw(
-            0,
-            Attach(
-                name=name,
-                handle=handle,
-                role=ROLE_SENDER,
-                source=Source(address="a"),
-                target=Target(address="b"),
-                initial_delivery_count=0,
-            ),
-        )
-    )
-    (req,) = of(events, LinkAttachRequested)
-    return req.link  # type: ignore[no-any-return]
-
-
 def test_unattached_handle() -> None:
     _, server = opened_pair()
-    _begun(server)
+    begun(server)
     events, out = server_frames_after(
         server,
         raw(
@@ -604,8 +517,8 @@ def test_unattached_handle() -> None:
 
 def test_handle_in_use() -> None:
     _, server = opened_pair()
-    _begun(server)
-    _attach_sender(server, handle=0, name="one")
+    begun(server)
+    attach_sender(server, handle=0, name="one")
     events, out = server_frames_after(
         server, raw(0, Attach(name="two", handle=0, role=ROLE_SENDER, initial_delivery_count=0))
     )
@@ -624,8 +537,8 @@ def _transfer(delivery_id: int) -> bytes:
 
 def test_window_violation() -> None:
     _, server = opened_pair(session_window=2)
-    _begun(server)
-    link = _attach_sender(server)
+    begun(server)
+    link = attach_sender(server)
     server.answer_attach(link, source=link.remote_source, target=link.remote_target)
     server.flow(link, 100)  # our flow says: 2 more transfer frames, no more
     server.data_to_send()
@@ -636,8 +549,8 @@ def test_window_violation() -> None:
 
 def test_window_is_refilled_once_half_used() -> None:
     _, server = opened_pair(session_window=4)
-    _begun(server)
-    link = _attach_sender(server)
+    begun(server)
+    link = attach_sender(server)
     server.answer_attach(link, source=link.remote_source, target=link.remote_target)
     server.flow(link, 100)
     server.data_to_send()
@@ -650,8 +563,8 @@ def test_window_is_refilled_once_half_used() -> None:
 
 def test_transfer_limit_exceeded_detaches_the_link() -> None:
     _, server = opened_pair()
-    _begun(server)
-    link = _attach_sender(server)
+    begun(server)
+    link = attach_sender(server)
     server.answer_attach(link, source=link.remote_source, target=link.remote_target)
     server.data_to_send()
     events = server.receive_data(_transfer(0))  # no credit was granted

@@ -26,6 +26,7 @@ from framework.amqp.messaging import (
     MessageAnnotations,
     Properties,
     bare_message_span,
+    decode_head,
 )
 from framework.amqp.performatives import Open
 from framework.amqp.types import Described, Symbol, UInt, ULong
@@ -404,6 +405,27 @@ def test_random_messages(body: Any, da: Any, ma: Any, footer: Any, app: Any, wit
     assert payload[start:end] == bare.encode()
 
 
+@settings(max_examples=300, deadline=None)
+@given(_bodies, _annotations, st.booleans(), st.data())
+def test_mutated_messages_fail_to_decode_or_encode_again(
+    body: Any, ma: Any, with_props: bool, data: st.DataObject
+) -> None:
+    """What the layer above does with a request: decode it, answer it. Whatever a peer's bytes
+    decode into must encode again (the ids of a reply are copied from the request)."""
+    msg = Message(body=body[1], body_kind=body[0], message_annotations=ma, header=HEADER,
+                  properties=PROPS if with_props else None)  # fmt: skip
+    payload = bytearray(msg.encode())
+    for _ in range(data.draw(st.integers(1, 3))):  # constructor codes as often as any byte
+        byte = st.integers(0, 255) | st.sampled_from([0x40, 0x43, 0x51, 0x52, 0x53, 0x55, 0xA1])
+        payload[data.draw(st.integers(0, len(payload) - 1))] = data.draw(byte)
+    try:
+        got = Message.decode(bytes(payload))
+    except DecodeError:
+        return
+    again = got.encode()
+    assert Message.decode(again).encode() == again
+
+
 def test_plain_int_message_id_goes_out_as_ulong() -> None:
     """``long`` is no legal message-id type, so a plain int must travel as ulong."""
     props = Properties(message_id=7, correlation_id=2**40)
@@ -415,3 +437,20 @@ def test_plain_int_message_id_goes_out_as_ulong() -> None:
     assert proton_msg.correlation_id == 2**40
     decoded = Message.decode(data).properties
     assert decoded is not None and decoded.message_id == 7
+
+
+def test_decode_head_reads_the_sections_before_a_body_it_never_decodes() -> None:
+    head = Message(properties=Properties(message_id=ULong(7), reply_to="$me"), body=None)
+    payload = head.encode() + b"\x00\x53\x77\xff"  # an amqp-value of no AMQP type
+    with pytest.raises(DecodeError):
+        Message.decode(payload)
+    decoded = decode_head(payload)
+    assert decoded.properties is not None
+    assert (decoded.properties.message_id, decoded.properties.reply_to) == (7, "$me")
+    assert decoded.body is None
+
+
+@pytest.mark.parametrize("junk", [b"\x00\x53", b"\x00\x53\x73\xff", b"\xff"])
+def test_decode_head_of_a_junk_head_is_a_decode_error(junk: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_head(junk)

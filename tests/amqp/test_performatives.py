@@ -135,6 +135,8 @@ def test_declaration_matches_xml(type_name: str) -> None:
     assert PERFORMATIVES_BY_CODE[code] is cls
     assert cls.__amqp_descriptor__ == (code, desc.attrib["name"])  # type: ignore[attr-defined]
     assert cls.__name__ == "".join(p.capitalize() for p in type_name.split("-"))
+    provides = [p.strip() for p in xml.attrib.get("provides", "").split(",") if p.strip()]
+    assert list(cls.__amqp_provides__) == provides  # type: ignore[attr-defined]
     if xml.attrib["class"] == "restricted":
         assert [f.name for f in attrs.fields(cls)] == ["value"]
         return
@@ -142,11 +144,22 @@ def test_declaration_matches_xml(type_name: str) -> None:
     specs: tuple[tuple[str, FieldSpec], ...] = cls.__amqp_fields__  # type: ignore[attr-defined]
     assert [name for name, _ in specs] == [f.attrib["name"].replace("-", "_") for f in xml_fields]
     for (name, spec), f in zip(specs, xml_fields, strict=True):
-        # a "*" field that requires a message-id is typed "message-id": ints go out as ulong
+        # a "*" field is declared with the type it requires (message-id, address, source...)
         xml_type = f.attrib["type"]
-        if xml_type == "*" and f.attrib.get("requires") == "message-id":
-            xml_type = "message-id"
+        if xml_type == "*" and "requires" in f.attrib:
+            xml_type = f.attrib["requires"]
         assert spec.amqp_type == _resolved(xml_type), name
+        assert spec.requires == (xml_type if _resolved(xml_type) == "*" else None), name
+        restricted_type = XML_TYPES.get(xml_type)
+        choices = (
+            {c.attrib["value"] for c in restricted_type.iter(f"{NS}choice")}
+            if restricted_type is not None
+            else set()
+        )
+        if choices and xml_type != "role":  # (both booleans are roles: nothing to check)
+            assert {str(c).lower() for c in spec.choices or ()} == choices, name
+        else:
+            assert spec.choices is None, name
         assert spec.mandatory == (f.attrib.get("mandatory") == "true"), name
         assert spec.multiple == (f.attrib.get("multiple") == "true"), name
         assert spec.default == _xml_default(f), name
@@ -365,10 +378,28 @@ _SCALARS: dict[str, st.SearchStrategy[Any]] = {
 }  # fmt: skip
 
 
+# A field that requires a described type gets one that provides it; a choice field a choice.
+_PROVIDERS: dict[str, st.SearchStrategy[Any]] = {
+    "outcome": st.sampled_from([Accepted(), Released(), Rejected(error=Error("amqp:x")),
+                                Modified(delivery_failed=True)]),
+    "error": st.builds(Error, condition=_SCALARS["symbol"], description=st.text(max_size=5)),
+    "source": st.builds(Source, address=st.text(max_size=5)),
+    "target": st.builds(Target, address=st.text(max_size=5)),
+}  # fmt: skip
+_PROVIDERS["delivery-state"] = _PROVIDERS["outcome"] | st.builds(
+    Received, section_number=_SCALARS["uint"], section_offset=_SCALARS["ulong"]
+)
+
+
 def _strategy(cls: type) -> st.SearchStrategy[Any]:
     kwargs = {}
     for name, spec in cls.__amqp_fields__:  # type: ignore[attr-defined]
-        one = _SCALARS[spec.amqp_type]
+        if spec.requires is not None:
+            one = _PROVIDERS[spec.requires]
+        elif spec.choices is not None:
+            one = st.sampled_from(sorted(spec.choices))
+        else:
+            one = _SCALARS[spec.amqp_type]
         if spec.multiple:
             one = st.lists(one, min_size=1, max_size=4)
         kwargs[name] = one if spec.mandatory else st.one_of(st.none(), one)
@@ -377,8 +408,9 @@ def _strategy(cls: type) -> st.SearchStrategy[Any]:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.sampled_from([Open, Begin, Flow, Transfer, Disposition, Detach, Header, Properties,
-                     SaslInit, SaslMechanisms, Received, Modified]).flatmap(_strategy)
+    st.sampled_from([Open, Begin, Attach, Flow, Transfer, Disposition, Detach, Header,
+                     Properties, SaslInit, SaslMechanisms, SaslOutcome, Received, Modified,
+                     Source, Target]).flatmap(_strategy)
 )  # fmt: skip
 def test_random_round_trip(value: Any) -> None:
     decoded = decode(encode(value))

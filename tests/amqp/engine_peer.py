@@ -1,0 +1,107 @@
+"""What the engine tests share: feeding a ``Connection`` hand-made frames, reading the frames it
+answers with, and pairs of engines already opened or linked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from framework.amqp.connection import Connection, ConnectionConfig
+from framework.amqp.events import Event, LinkAttachRequested, ProtocolViolation
+from framework.amqp.framing import FrameReader, encode_frame
+from framework.amqp.link import Link
+from framework.amqp.messaging import Source, Target
+from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close
+from framework.testing import engine_pair, pump
+
+
+def of(events: list[Event], kind: type) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def frames(data: bytes, headers: int = 0) -> list[Any]:
+    """Performatives in ``data`` (after ``headers`` protocol headers); None for heartbeats."""
+    reader = FrameReader()
+    reader.feed(data)
+    for _ in range(headers):
+        assert reader.read_protocol_header() is not None
+    out = []
+    while (frame := reader.read_frame()) is not None:
+        out.append(frame.performative)
+    assert reader.buffered == 0
+    return out
+
+
+def opened_pair(**server_cfg: Any) -> tuple[Connection, Connection]:
+    client, server = engine_pair(
+        ConnectionConfig("client"), ConnectionConfig("server", **server_cfg)
+    )
+    client.open()
+    server.open()
+    pump(client, server)
+    return client, server
+
+
+def linked(
+    client: Connection, server: Connection, *, credit: int = 10, **attach: Any
+) -> tuple[Link, Link]:
+    """A client sender attached to a server receiver holding ``credit``."""
+    session = client.begin()
+    sender = client.attach(
+        session,
+        name="l1",
+        role=ROLE_SENDER,
+        source=Source(address="a"),
+        target=Target(address="q"),
+        **attach,
+    )
+    _, ev = pump(client, server)
+    (req,) = of(ev, LinkAttachRequested)
+    receiver = req.link
+    server.answer_attach(receiver, source=receiver.remote_source, target=receiver.remote_target)
+    server.flow(receiver, credit)
+    pump(client, server)
+    assert sender.link_credit == credit
+    return sender, receiver
+
+
+def server_frames_after(server: Connection, inject: bytes) -> tuple[list[Event], list[Any]]:
+    events = server.receive_data(inject)
+    return events, frames(server.data_to_send())
+
+
+def violation(events: list[Event], out: list[Any]) -> str:
+    """The condition of the close the engine answered with (and checks it is one)."""
+    (pv,) = of(events, ProtocolViolation)
+    closes = [f for f in out if isinstance(f, Close)]
+    assert closes and closes[-1].error is not None
+    assert closes[-1].error.condition == pv.condition
+    return str(pv.condition)
+
+
+def raw(channel: int, performative: Any, payload: bytes = b"") -> bytes:
+    out = bytearray()
+    encode_frame(out, channel, performative, payload)
+    return bytes(out)
+
+
+def begun(server: Connection) -> None:
+    server.receive_data(raw(0, Begin(next_outgoing_id=0, incoming_window=2, outgoing_window=9)))
+    server.data_to_send()
+
+
+def attach_sender(server: Connection, handle: int = 0, name: str = "l") -> Link:
+    events = server.receive_data(
+        raw(
+            0,
+            Attach(
+                name=name,
+                handle=handle,
+                role=ROLE_SENDER,
+                source=Source(address="a"),
+                target=Target(address="b"),
+                initial_delivery_count=0,
+            ),
+        )
+    )
+    (req,) = of(events, LinkAttachRequested)
+    return req.link  # type: ignore[no-any-return]
