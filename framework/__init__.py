@@ -11,6 +11,7 @@ from framework.errors import (
     AuthenticationError,
     ConnectionLostError,
     LinkDetachedError,
+    MessageTooLargeError,
     PairlinkError,
     RemoteError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "Client",
     "ConnectionLostError",
     "LinkDetachedError",
+    "MessageTooLargeError",
     "PairlinkError",
     "RemoteError",
     "ServiceProxy",

@@ -33,7 +33,7 @@ import attrs
 import structlog
 import trio
 
-from framework import deadline, transport, wire
+from framework import deadline, net, transport, wire
 from framework.amqp import errors as conditions
 from framework.amqp.errors import DecodeError
 from framework.amqp.link import Delivery, Link
@@ -47,7 +47,6 @@ from framework.errors import (
     ConnectionLostError,
     LinkDetachedError,
     PairlinkError,
-    RemoteError,
 )
 from framework.linkpair import LINK_PAIR_V1_0, offers_pairing, paired_mismatch, paired_properties
 from framework.payload import Encoding
@@ -86,6 +85,11 @@ class _RequestSender(Sender):
         super().__init__(conn, link)
         self.pair = pair
 
+    def on_flow(self) -> None:
+        super().on_flow()
+        if self.link.link_credit:
+            self.pair.granted = True
+
     def on_ended(self) -> None:
         super().on_ended()
         self.pair.lost(self.detached)
@@ -113,8 +117,7 @@ class _ReplyReceiver(Receiver):
         else:
             self.pair.on_reply(message)
             outcome = Accepted()
-        if not delivery.settled:  # the service asked for our receipt
-            self.conn.engine.settle(delivery, outcome)
+        self.conn.settle(delivery, outcome)  # when the service asked for our receipt
         if self.link.link_credit <= self.credit // 2:
             self.grant()
 
@@ -139,6 +142,7 @@ class _Pair:
         self.reply_to = wire.ME
         self.error: PairlinkError | None = None
         self.fresh = paired  # the first request may go before the peer's attach (LP-10)
+        self.granted = False  # the service has given the request link credit
         self.verified = not paired  # LP-5 applies to pairs only
         self.log = conn.log
 
@@ -148,7 +152,6 @@ class _Pair:
         """Queue both attaches and the reply credit; nothing is awaited, so the first request
         queued right after leaves in the same write (LP-10)."""
         amqp = self.conn.amqp
-        engine = amqp.engine
         session = amqp.session
         mode = SND_SETTLED if settled else SND_UNSETTLED
         if self.paired:
@@ -164,8 +167,8 @@ class _Pair:
             reply_target = Target()
             names = (amqp.link_name("requests"), amqp.link_name("replies"))
         self.log = self.conn.log.bind(link=names[0], address=self.address)
-        request_link = engine.attach(
-            session,
+        request_link = amqp.attach(
+            session=session,
             name=names[0],
             role=ROLE_SENDER,
             source=request_source,
@@ -173,8 +176,8 @@ class _Pair:
             snd_settle_mode=mode,
             properties=properties,
         )
-        reply_link = engine.attach(
-            session,
+        reply_link = amqp.attach(
+            session=session,
             name=names[1],
             role=ROLE_RECEIVER,
             source=reply_source,
@@ -279,7 +282,7 @@ class _Pair:
                         message, wait=not settled, presume_credit=presume
                     )
                     if not settled:
-                        _check_outcome(delivery)
+                        wire.raise_for_outcome(delivery.remote_state)
                     await call.done.wait()
         finally:
             self.calls.pop(call_id, None)
@@ -341,24 +344,7 @@ class _Pair:
         for half in (self.sender, self.receiver):
             half.attached.set()  # ends watch()
             if not amqp.closed.is_set():
-                amqp.engine.detach(half.link, closed=True, error=detach_with)
-        amqp.kick()
-
-
-def _check_outcome(delivery: Delivery) -> None:
-    """Unsettled mode: the service's disposition of the request. Only ``accepted`` (or a bare
-    settlement) means the request is being answered."""
-    state = delivery.remote_state
-    if state is None or isinstance(state, Accepted):
-        return
-    error = state.error if isinstance(state, Rejected) else None
-    condition = str(error.condition) if error is not None else None
-    if isinstance(state, Rejected):
-        status = wire.NOT_FOUND if condition == conditions.NOT_FOUND else wire.BAD_REQUEST
-        description = (error.description if error is not None else None) or "request rejected"
-    else:  # released or modified: the service did not take it
-        status, description = wire.UNAVAILABLE, f"request {type(state).__name__.lower()}"
-    raise RemoteError(status, description, condition)
+                half.close(detach_with)
 
 
 async def _mapped(amqp: transport.AmqpConnection, session: Session) -> None:
@@ -444,7 +430,7 @@ class Client:
             amqp: transport.AmqpConnection = await self._nursery.start(self._hold)
         if scope.cancelled_caught:
             raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout} s")
-        paired = offers_pairing(amqp.engine.remote_offered_capabilities)
+        paired = offers_pairing(amqp.remote_offered_capabilities)
         conn_log = log.bind(conn=amqp.id, peer=amqp.peer)
         conn_log.info("client.connected", paired=paired)
         self._conn = _Connection(self, amqp, paired, conn_log)
@@ -456,7 +442,7 @@ class Client:
         """Keep one connection open, in the client's nursery, until it closes or fails."""
         started = False
         try:
-            async with transport.connect(
+            async with net.connect(
                 self.url,
                 ssl_context=self._ssl_context,
                 connect_timeout=self.connect_timeout,
@@ -470,7 +456,7 @@ class Client:
                 await amqp.closed.wait()
                 if amqp.error is not None:
                     log.info("client.connection_lost", conn=amqp.id, error=str(amqp.error))
-        except (*transport.CONNECT_FAILURES, PairlinkError):
+        except (*net.CONNECT_FAILURES, PairlinkError):
             if not started:
                 raise  # to the caller of _open
             # after start the loss is reported to the calls through their links
@@ -492,7 +478,7 @@ class Client:
                     conn = await self._open()
                 except AuthenticationError:
                     raise
-                except (*transport.CONNECT_FAILURES, TimeoutError) as exc:
+                except (*net.CONNECT_FAILURES, TimeoutError) as exc:
                     self._failures += 1
                     delay = jittered_backoff(self._failures, self.retry_delay, self.max_retry_delay)
                     self._next_attempt = trio.current_time() + delay
@@ -557,20 +543,30 @@ class Client:
         conn = self._conn
         pair = conn.pairs.get(address) if conn is not None and conn.alive else None
         if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
-            pair = None
-            with trio.move_on_at(deadline_at):
-                pair = await self._pair(address)
-            if pair is None:
-                raise TimeoutError(f"{address}.{operation}: no connection within the deadline")
-        return await pair.call(
-            operation,
-            args,
-            kwargs,
-            deadline_at,
-            encoding or self.encoding,
-            self.settled,
-            message_id,
-        )
+            pair = await self._pair_by(address, operation, deadline_at)
+        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        try:
+            return await pair.call(*call, message_id)
+        except LinkDetachedError as exc:
+            if pair.granted or exc.condition != conditions.TRANSFER_LIMIT_EXCEEDED:
+                raise
+        # LP-10: the service had no room for the pipelined first call and detached the pair
+        # before granting it any credit, so none of its calls reached the service: send this
+        # one again on a pair that waits for credit
+        log.debug("call.no_room", address=address, operation=operation)
+        pair = await self._pair_by(address, operation, deadline_at)
+        if not pair.granted:
+            pair.fresh = False
+        return await pair.call(*call, message_id)
+
+    async def _pair_by(self, address: str, operation: str, deadline_at: float) -> _Pair:
+        """The pair for ``address``, set up (or reconnected) by ``deadline_at``."""
+        pair = None
+        with trio.move_on_at(deadline_at):
+            pair = await self._pair(address)
+        if pair is None:
+            raise TimeoutError(f"{address}.{operation}: no connection within the deadline")
+        return pair
 
     async def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
         """A proxy for the service at ``address``. On a peer that offers pairing nothing is

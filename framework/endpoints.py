@@ -68,9 +68,9 @@ class Endpoint:
         if self.detached is not None:
             raise self.detached
 
-    async def close(self, error: Error | None = None) -> None:
-        self.conn.engine.detach(self.link, closed=True, error=error)
-        self.conn.kick()
+    def close(self, error: Error | None = None) -> None:
+        """Detach the link, closing it (with ``error`` if given)."""
+        self.conn.detach(self.link, error=error)
 
 
 class Sender(Endpoint):
@@ -88,7 +88,7 @@ class Sender(Endpoint):
         """Whether ``send`` would find its credit at once, without waiting."""
         if presume_credit and self.link.remote_attach is None:
             return True
-        return not self._turns and self.link.link_credit > self._woken
+        return not self._turns and self.link.usable_credit > self._woken
 
     async def take_credit(self) -> None:
         """Wait, first come first served, until one unit of credit is ours."""
@@ -110,7 +110,7 @@ class Sender(Endpoint):
         self.check_usable()
 
     def _hand_out(self) -> None:
-        free = self.link.link_credit - self._woken
+        free = self.link.usable_credit - self._woken
         while free > 0 and self._turns:
             self._turns.popleft().set()
             self._woken += 1
@@ -133,10 +133,10 @@ class Sender(Endpoint):
         if not (presume_credit and self.link.remote_attach is None):
             await self.take_credit()
         self.check_usable()
-        delivery = self.conn.engine.send(
+        delivery = self.conn.send(
             self.link, payload, settled=settled, presume_credit=presume_credit
         )
-        self.conn.kick()
+        self._answer_drain()
         if delivery.settled or not wait:
             return delivery
         done = self._outcomes[delivery] = trio.Event()
@@ -150,12 +150,20 @@ class Sender(Endpoint):
 
     def on_flow(self) -> None:
         self._hand_out()
+        self._answer_drain()
+
+    def _answer_drain(self) -> None:
+        """The receiver is draining and nobody waits to send: give the credit back."""
+        if self.link.drain and not self._turns and not self._woken:
+            self.conn.complete_drain(self.link)
 
     def on_update(self, delivery: Delivery) -> None:
         if delivery.remote_settled or delivery.remote_state is not None:
             event = self._outcomes.get(delivery)
             if event is not None:
                 event.set()
+        if delivery.remote_settled:  # one unsettled less: room under max-unsettled
+            self._hand_out()
 
     def on_ended(self) -> None:
         while self._turns:
@@ -190,9 +198,8 @@ class Receiver(Endpoint):
 
     def grant(self) -> None:
         """Top the link's credit up to ``credit`` minus what waits unconsumed."""
-        if self.detached is None and not self.conn.engine.closed:
-            self.conn.engine.flow(self.link, self.credit - self._queued)
-            self.conn.kick()
+        if self.detached is None:
+            self.conn.flow(self.link, self.credit - self._queued)
 
     async def receive(self) -> Received:
         try:
@@ -207,19 +214,16 @@ class Receiver(Endpoint):
 
     def settle(self, received: Received, state: Any) -> None:
         """Declare the outcome (Accepted(), Rejected(...)...) of a received message."""
-        if not received.delivery.settled:
-            self.conn.engine.settle(received.delivery, state)
-            self.conn.kick()
+        self.conn.settle(received.delivery, state)
 
     def on_message(self, delivery: Delivery, payload: bytes) -> None:
         try:
             message = Message.decode(payload)
         except DecodeError as exc:  # refuse it, keep the link: the next one may be fine
-            if not delivery.settled:
-                self.conn.engine.settle(
-                    delivery,
-                    Rejected(error=Error(condition=conditions.DECODE_ERROR, description=str(exc))),
-                )
+            self.conn.settle(
+                delivery,
+                Rejected(error=Error(condition=conditions.DECODE_ERROR, description=str(exc))),
+            )
             self.conn.log.warning("message.undecodable", link=self.link.name, error=str(exc))
             if self.link.link_credit + self._queued <= self.credit // 2:
                 self.grant()

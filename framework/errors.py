@@ -39,16 +39,35 @@ class LinkDetachedError(PairlinkError):
     """The link was detached (the peer refused it or closed it), possibly with an error."""
 
 
+class MessageTooLargeError(PairlinkError, ValueError):
+    """A message is larger than the peer accepts (the max-message-size of its attach)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the message is {size:,} bytes; the peer accepts at most {limit:,} (its "
+            "max-message-size)",
+            "amqp:link:message-size-exceeded",
+        )
+        self.size = size
+        self.limit = limit
+
+
 class RemoteError(PairlinkError):
     """A call failed on the service's side: ``status`` is the reply's status-code (400, 404,
-    408, 500, 503), ``type`` the exception type the handler raised (if one did)."""
+    408, 500, 503), ``type`` the exception type the handler raised, when the service chose
+    to tell it (a ``CallError``, a declared type, debug mode). ``ref`` is the reference id
+    under which the service logged an unexpected failure: quote it to the service's owners,
+    who find the traceback beside it in their log."""
 
-    def __init__(self, status: int, message: str, type: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, type: str | None = None, ref: str | None = None
+    ) -> None:
         label = f"{type}: {message}" if type else message
         super().__init__(f"[{status}] {label}")
         self.status = status
         self.type = type
         self.message = message
+        self.ref = ref
 
 
 class RemoteTimeoutError(RemoteError, TimeoutError):

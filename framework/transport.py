@@ -6,6 +6,14 @@ burst of frames costs one system call), and one timer (heartbeats, idle timeout)
 ``connect``/``listen`` context, cleanly or by cancellation, closes the connection and the
 socket and leaves no task behind. Network failures never escape a background task: they fail
 the operations waiting on that connection with ``ConnectionLostError``.
+
+:class:`AmqpConnection` is the one place where the Trio layer meets the engine: every layer
+above acts through its methods (``flow``, ``send``, ``settle``, ``detach``, ``attach``...),
+which wake the writer and turn engine refusals into pairlink errors. It also keeps the
+connection's own limits: an exception in handling its input closes it alone
+(``amqp:internal-error``), and a peer that does not read what we send gets no new credit,
+then is not read either (``MAX_OUTGOING_BYTES``). :mod:`framework.net` makes connections
+(URLs, connect, listen, TLS).
 """
 
 from __future__ import annotations
@@ -14,16 +22,15 @@ import itertools
 import math
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-import attrs
 import structlog
 import trio
 
+from framework.amqp import errors as conditions
 from framework.amqp.connection import Connection, ConnectionConfig
+from framework.amqp.errors import LocalProtocolError
 from framework.amqp.events import (
     ConnectionClosed,
     ConnectionOpened,
@@ -39,19 +46,20 @@ from framework.amqp.events import (
     SessionEnded,
     TransportFailed,
 )
-from framework.amqp.link import Link
+from framework.amqp.link import Delivery, Link, LinkState
 from framework.amqp.messaging import Error, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
-from framework.amqp.sasl import EXTERNAL, SaslClient, SaslServer
 from framework.amqp.session import Session
 from framework.endpoints import Endpoint, Receiver, Sender
-from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
-from framework.taskgroups import body_errors_unwrapped
+from framework.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    LinkDetachedError,
+    MessageTooLargeError,
+)
 
 log = structlog.get_logger("pairlink.transport")
 
-AMQP_PORT = 5672
-AMQPS_PORT = 5671
 READ_SIZE = 1 << 16
 FEED_SLICE = 1 << 12
 """The engine is fed at most this many bytes at a time; between slices the writer gets its
@@ -59,48 +67,23 @@ turn if the engine has replies to send. A 64 KiB read can hold hundreds of small
 whole, the peer waited for all of them to be answered before it saw the first reply, and the
 two processes never worked at the same time (measured: ~1.6x the throughput with 4 KiB
 slices; 8 KiB and more lose most of it, 2 KiB gains nothing more)."""
-HANDSHAKE_TIMEOUT = 30.0
+MAX_OUTGOING_BYTES = 16 << 20
+"""Bytes a connection may hold for a peer that is not reading them (16 MiB).
+
+Two stages, so that a peer that does not read slows only itself: from a quarter of this on, we
+grant that peer no new credit (it can send us only what it was already allowed to, so its
+requests stop making replies); past all of it, which only control frames or credit granted
+earlier can cause, we stop reading from it. Both end once an eighth of it is left. We keep
+reading in the first stage on purpose: a peer whose own sends to us are backed up (a gateway
+relaying large messages both ways) must be able to drain into us, or two honest peers that
+each wait for the other to read would wait forever."""
+_LINK_OPEN = (LinkState.ATTACH_SENT, LinkState.ATTACHED)
 _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError)
 _conn_ids = itertools.count(1)
 
-CONNECT_FAILURES = (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionLostError)
-"""What ``connect`` (or a connection it made) may fail with that another attempt may not:
-network trouble, a timeout, a failed TLS handshake, a lost connection (``AuthenticationError``
-is one too: wrong credentials stay wrong, so callers that retry check for it first)."""
 
 OnAttach = Callable[["AmqpConnection", Link], None]
 """Called for each link the peer opens; must answer it (``accept_*``) or ``refuse`` it."""
-
-
-@attrs.frozen
-class AmqpUrl:
-    """``amqp[s]://[user:password@]host[:port]`` split into what a connection needs."""
-
-    scheme: str
-    host: str
-    port: int
-    username: str | None = None
-    password: str | None = None
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "amqps"
-
-    @classmethod
-    def parse(cls, url: str) -> AmqpUrl:
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ValueError(f"{url!r}: the scheme must be amqp or amqps")
-        if not parts.hostname:
-            raise ValueError(f"{url!r}: no host")
-        default = AMQPS_PORT if parts.scheme == "amqps" else AMQP_PORT
-        return cls(
-            parts.scheme,
-            parts.hostname,
-            parts.port if parts.port is not None else default,
-            unquote(parts.username) if parts.username else None,
-            unquote(parts.password) if parts.password else None,
-        )
 
 
 class AmqpConnection:
@@ -114,6 +97,7 @@ class AmqpConnection:
         initiator: bool,
         peer: str,
         on_attach: OnAttach | None = None,
+        max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
     ) -> None:
         self.stream = stream
         self.engine = Connection(config, initiator=initiator)
@@ -133,6 +117,12 @@ class AmqpConnection:
         self._session: Session | None = None
         self._names = itertools.count(1)
         self._input_hold: trio.Event | None = None
+        self.max_outgoing_bytes = max_outgoing_bytes
+        self._sending = 0  # bytes handed to the socket whose send has not returned yet
+        self._backlogged = False  # the peer is behind on reading: new credit is held back
+        self._drained = trio.Event()  # set when a backlog has gone
+        self._deferred_flows: dict[Link, int] = {}  # credit increases held back meanwhile
+        self._abandoned = False  # an exception in our own handling: input is ignored
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -179,6 +169,12 @@ class AmqpConnection:
                 await self.closed.wait()
         self._finish(None)
 
+    def abort(self, error: ConnectionLostError) -> None:
+        """Give up on the connection at once: nothing more is read, what is queued is sent,
+        and the socket closes (a peer that never finished its handshake, for one)."""
+        self._abandoned = True
+        self._finish(error)
+
     def _finish(self, error: ConnectionLostError | None) -> None:
         if self.closed.is_set():
             return
@@ -192,15 +188,15 @@ class AmqpConnection:
             self._input_hold.set()
         self.kick()  # the writer flushes what is left (a close reply) and ends
         self._timer_kick.set()
+        self._drained.set()
         for session in list(self.engine.sessions.values()):
             for link in list(session.links.values()):
-                self._wake_link(link)
-
-    @staticmethod
-    def _wake_link(link: Link) -> None:
-        endpoint = link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.link_ended()
+                endpoint = link.user_data
+                if isinstance(endpoint, Endpoint):
+                    try:
+                        endpoint.link_ended()
+                    except Exception as exc:  # the connection is over: log it, wake the rest
+                        self.log.error("link.end_failed", link=link.name, exc_info=exc)
 
     # -- tasks -----------------------------------------------------------------------------
 
@@ -219,9 +215,42 @@ class AmqpConnection:
                 if not data:
                     self._dispatch(engine.connection_lost(), lost="the peer closed the socket")
                     return
+                if self._abandoned:
+                    continue  # read on to the peer's EOF, feeding nothing
                 await self._feed_sliced(data)
+                if self._waiting_bytes() > self.max_outgoing_bytes:
+                    await self._stop_reading()
         finally:
             self._eof.set()
+
+    def _waiting_bytes(self) -> int:
+        """What we hold for the peer: queued in the engine, and in a send not yet done."""
+        return self._sending + self.engine.output_size
+
+    def _hold_credit(self) -> None:
+        if not self._backlogged:
+            self._backlogged = True
+            self._drained = trio.Event()
+            self.log.info("peer.backlogged", waiting=self._waiting_bytes())
+
+    async def _stop_reading(self) -> None:
+        """Past ``max_outgoing_bytes``: read nothing more from this peer until it drained."""
+        self._hold_credit()
+        self.log.warning("peer.not_reading", waiting=self._waiting_bytes())
+        self.kick()
+        await self._drained.wait()
+
+    def _check_drained(self) -> None:
+        """From the writer: once the backlog is down to an eighth of the bound, give the peer
+        the credit held back meanwhile, and let the reader go on."""
+        if self._waiting_bytes() > self.max_outgoing_bytes // 8:
+            return
+        self._backlogged = False
+        self._drained.set()
+        self.log.info("peer.drained")
+        flows, self._deferred_flows = self._deferred_flows, {}
+        for link, more in flows.items():
+            self.flow(link, link.link_credit + more)
 
     async def _feed_sliced(self, data: bytes | bytearray) -> None:
         """Feed a read in ``FEED_SLICE`` pieces, letting the writer send what each piece's
@@ -234,7 +263,12 @@ class AmqpConnection:
         view = memoryview(data)
         for start in range(0, len(view), FEED_SLICE):
             if start and self.engine.has_output:
-                await trio.lowlevel.checkpoint()
+                if self._waiting_bytes() > self.max_outgoing_bytes:
+                    await self._stop_reading()
+                else:
+                    await trio.lowlevel.checkpoint()
+            if self._abandoned:
+                return
             if self._feed(view[start : start + FEED_SLICE]):
                 await self._resume_held()
 
@@ -242,17 +276,39 @@ class AmqpConnection:
         """Hand bytes to the engine and dispatch what they meant; True when an ``on_attach``
         held the input (``hold_input``), with bytes still waiting in the engine."""
         engine = self.engine
-        events = engine.receive_data(data)
-        while True:
-            self._dispatch(events)
-            if not engine.input_paused:
-                break
-            if self._input_hold is not None:
-                self.kick()
-                return True
-            events = engine.receive_data(b"")
+        try:
+            now = trio.current_time()  # dates the input: the idle timeout counts from it
+            events = engine.receive_data(data, now)
+            while True:
+                self._dispatch(events)
+                if not engine.input_paused or self._abandoned:
+                    break
+                if self._input_hold is not None:
+                    self.kick()
+                    return True
+                events = engine.receive_data(b"", now)
+        except Exception as exc:  # the engine's own bug: this connection alone pays for it
+            self._abandon(exc)
         self.kick()
         return False
+
+    def _abandon(self, exc: Exception) -> None:
+        """Backstop: an exception escaped our handling of this connection's input (engine,
+        container, actor, gateway or client code). Close this connection alone with
+        ``amqp:internal-error``, log the traceback under a reference the peer is told, and
+        ignore the rest of its input; the listener and every other connection go on."""
+        if self._abandoned:
+            return
+        self._abandoned = True
+        ref = uuid.uuid4().hex[:12]
+        self.log.error("connection.internal_error", ref=ref, exc_info=exc)
+        error = Error(conditions.INTERNAL_ERROR, f"internal error (ref {ref})")
+        try:
+            if not self.engine.closed:
+                self.engine.close(error)
+        except Exception as close_exc:  # the engine is past saying anything: just hang up
+            self.log.error("connection.close_failed", ref=ref, exc_info=close_exc)
+        self._finish(ConnectionLostError(f"internal error (ref {ref})", conditions.INTERNAL_ERROR))
 
     async def _resume_held(self) -> None:
         while self._input_hold is not None:
@@ -278,14 +334,19 @@ class AmqpConnection:
                 self._kicked = False
                 # transport_done is read before the send: bytes queued while a send was in
                 # progress (a SASL outcome, a close reply) still go out on the next round
-                done = engine.transport_done
-                data = engine.data_to_send()
+                done = engine.transport_done or self._abandoned
+                data = engine.data_to_send(trio.current_time())
                 if data:
+                    self._sending = len(data)
                     try:
                         await self.stream.send_all(data)
                     except _NETWORK_ERRORS as exc:
                         self._dispatch(engine.connection_lost(), lost=f"write failed: {exc!r}")
                         return
+                    finally:
+                        self._sending = 0
+                    if self._backlogged:
+                        self._check_drained()
                 if done:
                     break  # the engine said everything it will say: the socket can go
             await self._hang_up()
@@ -307,7 +368,12 @@ class AmqpConnection:
     async def _timer_loop(self) -> None:
         engine = self.engine
         while not self.closed.is_set():
-            self._dispatch(engine.tick(trio.current_time()))
+            try:
+                events = engine.tick(trio.current_time())
+            except Exception as exc:
+                self._abandon(exc)
+                return
+            self._dispatch(events)
             self.kick()
             deadline = engine.next_deadline
             self._timer_kick = trio.Event()
@@ -317,10 +383,13 @@ class AmqpConnection:
     # -- events ----------------------------------------------------------------------------
 
     def _dispatch(self, events: list[Event], lost: str | None = None) -> None:
-        for event in events:
-            handler = _HANDLERS.get(type(event))
-            if handler is not None:
-                handler(self, event)
+        try:
+            for event in events:
+                handler = _HANDLERS.get(type(event))
+                if handler is not None:
+                    handler(self, event)
+        except Exception as exc:
+            self._abandon(exc)
         if lost is not None:
             self._finish(self.error or ConnectionLostError(lost))
 
@@ -329,6 +398,8 @@ class AmqpConnection:
             self.error = AuthenticationError(
                 f"SASL {event.mechanism} refused (code {event.outcome})", "amqp:unauthorized-access"
             )
+            if not self.engine.initiator:  # a refused login: who tried, from where (peer)
+                self.log.warning("sasl.refused", mechanism=event.mechanism, user=event.identity)
         else:
             self.log.debug("sasl.done", mechanism=event.mechanism, identity=event.identity)
 
@@ -345,7 +416,10 @@ class AmqpConnection:
         self._finish(error)
 
     def _on_violation(self, event: ProtocolViolation) -> None:
-        self.log.warning("protocol.violation", condition=event.condition, why=event.description)
+        if event.cause is not None:  # our own engine's fault, not the peer's
+            self.log.error("connection.internal_error", why=event.description, exc_info=event.cause)
+        else:
+            self.log.warning("protocol.violation", condition=event.condition, why=event.description)
         self.error = ConnectionLostError(event.description, event.condition)
 
     def _on_transport_failed(self, event: TransportFailed) -> None:
@@ -395,6 +469,124 @@ class AmqpConnection:
         if event.session is self._session:
             self._session = None
 
+    # -- acting on the engine --------------------------------------------------------------
+    # Everything above the transport acts on the engine through these methods: each one acts,
+    # wakes the writer and turns the engine's refusals into pairlink errors, so no caller
+    # touches the engine or forgets to kick.
+
+    def flow(self, link: Link, credit: int, *, drain: bool = False) -> None:
+        """As receiver: set the link's credit (absolute). While the peer is not reading what
+        we send (``backlogged``), credit increases wait and go out when it drains. ``drain``
+        asks the sender to use the credit now or give it back (it goes out at once)."""
+        if not self._link_open(link):
+            return
+        if (
+            not drain
+            and credit > link.link_credit
+            and (self._backlogged or self._waiting_bytes() > self.max_outgoing_bytes // 4)
+        ):
+            self._hold_credit()
+            # the increase, not the value: what arrives meanwhile uses up the credit it had
+            self._deferred_flows[link] = credit - link.link_credit
+            return
+        self._deferred_flows.pop(link, None)
+        self.engine.flow(link, credit, drain=drain)
+        self.kick()
+
+    def complete_drain(self, link: Link) -> None:
+        """As sender with nothing to send: answer the receiver's drain (Part 2 §2.6.7)."""
+        if self._link_open(link):
+            self.engine.complete_drain(link)
+            self.kick()
+
+    def settle(self, delivery: Delivery, state: Any = None) -> None:
+        """Declare the outcome of a delivery we received, and settle it."""
+        if not delivery.settled and self._link_open(delivery.link):
+            self.engine.settle(delivery, state)
+            self.kick()
+
+    def send(
+        self,
+        link: Link,
+        payload: bytes | memoryview,
+        *,
+        settled: bool | None = None,
+        presume_credit: bool = False,
+    ) -> Delivery:
+        """Send one message on ``link``. Raises ``MessageTooLargeError`` past the peer's
+        max-message-size, ``LinkDetachedError``/``ConnectionLostError`` when the link or the
+        connection cannot carry it."""
+        self.raise_if_closed()
+        try:
+            delivery = self.engine.send(
+                link, payload, settled=settled, presume_credit=presume_credit
+            )
+        except LocalProtocolError as exc:
+            if exc.condition == conditions.MESSAGE_SIZE_EXCEEDED:
+                raise MessageTooLargeError(
+                    len(payload), link.remote_max_message_size or 0
+                ) from None
+            raise LinkDetachedError(
+                f"link {link.name!r} cannot send: {exc.description}", exc.condition
+            ) from None
+        self.kick()
+        return delivery
+
+    def detach(self, link: Link, *, error: Error | None = None, closed: bool = True) -> None:
+        """Detach (by default close) our end of ``link``; nothing if it is already going."""
+        if not self.engine.closed:
+            self.engine.detach(link, closed=closed, error=error)
+            self.kick()
+
+    def answer_attach(
+        self,
+        link: Link,
+        *,
+        source: Source | None = None,
+        target: Target | None = None,
+        **attach: Any,
+    ) -> None:
+        """Answer a peer's attach with our own (by default mirroring its termini)."""
+        self.engine.answer_attach(
+            link,
+            source=link.remote_source if source is None else source,
+            target=link.remote_target if target is None else target,
+            **attach,
+        )
+        self.kick()
+
+    def attach(self, *, role: bool, session: Session | None = None, **attach: Any) -> Link:
+        """Attach a link of ours (frames go out at once, no waiting): ``name``, ``source``,
+        ``target`` and the rest as :meth:`Connection.attach` takes them."""
+        link = self.engine.attach(session or self.session, role=role, **attach)
+        self.kick()
+        return link
+
+    def begin(self) -> Session | None:
+        """Begin one more session (pipelined, no wait), for links past what one session's
+        handles hold; None when the channel-max of either end allows no more here."""
+        self.raise_if_closed()
+        try:
+            session = self.engine.begin()
+        except LocalProtocolError as exc:
+            if exc.condition != conditions.RESOURCE_LIMIT_EXCEEDED:  # closing: no new session
+                raise ConnectionLostError(f"cannot begin a session: {exc.description}") from None
+            return None
+        self.kick()
+        return session
+
+    @property
+    def remote_offered_capabilities(self) -> list[str]:
+        return self.engine.remote_offered_capabilities
+
+    @property
+    def sasl_identity(self) -> str | None:
+        """Who the peer authenticated as (SASL PLAIN user, EXTERNAL identity), if anyone."""
+        return self.engine.sasl_identity
+
+    def _link_open(self, link: Link) -> bool:
+        return not self.engine.closed and link.state in _LINK_OPEN
+
     # -- links -----------------------------------------------------------------------------
 
     @property
@@ -421,8 +613,8 @@ class AmqpConnection:
         session: Session | None = None,
     ) -> Sender:
         """Attach a sending link to ``address``; frames go out at once, no waiting."""
-        link = self.engine.attach(
-            session or self.session,
+        link = self.attach(
+            session=session,
             name=name or self.link_name("sender"),
             role=ROLE_SENDER,
             source=Source(address=source_address),
@@ -431,7 +623,6 @@ class AmqpConnection:
             rcv_settle_mode=rcv_settle_mode,
             properties=properties,
         )
-        self.kick()
         return Sender(self, link)
 
     def open_receiver(
@@ -447,8 +638,8 @@ class AmqpConnection:
         session: Session | None = None,
     ) -> Receiver:
         """Attach a receiving link from ``address`` and grant it ``credit`` at once."""
-        link = self.engine.attach(
-            session or self.session,
+        link = self.attach(
+            session=session,
             name=name or self.link_name("receiver"),
             role=ROLE_RECEIVER,
             source=Source(address=address, dynamic=dynamic),
@@ -462,9 +653,7 @@ class AmqpConnection:
 
     def accept_receiver(self, link: Link, *, credit: int = 100, **attach: Any) -> Receiver:
         """Answer a peer's sending link: we receive on it, holding ``credit`` at most."""
-        self.engine.answer_attach(
-            link, source=link.remote_source, target=link.remote_target, **attach
-        )
+        self.answer_attach(link, **attach)
         receiver = Receiver(self, link, credit)
         receiver.attached.set()
         receiver.grant()
@@ -472,10 +661,7 @@ class AmqpConnection:
 
     def accept_sender(self, link: Link, **attach: Any) -> Sender:
         """Answer a peer's receiving link: we send on it as its credit allows."""
-        self.engine.answer_attach(
-            link, source=link.remote_source, target=link.remote_target, **attach
-        )
-        self.kick()
+        self.answer_attach(link, **attach)
         sender = Sender(self, link)
         sender.attached.set()
         return sender
@@ -515,200 +701,3 @@ _HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
     LinkDetached: AmqpConnection._on_detached,
     SessionEnded: AmqpConnection._on_session_ended,
 }
-
-
-@asynccontextmanager
-async def open_connection(
-    stream: trio.abc.Stream,
-    config: ConnectionConfig,
-    *,
-    initiator: bool,
-    peer: str = "?",
-    on_attach: OnAttach | None = None,
-) -> AsyncIterator[AmqpConnection]:
-    """Run AMQP over any Trio stream; closes it (and the stream) when the block ends."""
-    conn = AmqpConnection(stream, config, initiator=initiator, peer=peer, on_attach=on_attach)
-    conn.log.info("connection.start", initiator=initiator)
-    with body_errors_unwrapped() as body:
-        try:
-            async with trio.open_nursery() as nursery:
-                await conn._run(nursery)
-                if initiator:
-                    conn.engine.open()
-                    conn.kick()
-                try:
-                    async with body:
-                        yield conn
-                    await conn.close()
-                finally:
-                    if conn.closed.is_set():  # let the writer say its last words (bounded)
-                        with trio.move_on_after(1, shield=True):
-                            await conn.flushed.wait()
-                    nursery.cancel_scope.cancel()
-        finally:
-            conn._finish(conn.error)
-            await trio.aclose_forcefully(stream)
-
-
-def client_config(
-    url: AmqpUrl,
-    *,
-    container_id: str | None = None,
-    idle_timeout: float | None = 60.0,
-    sasl: bool | str = True,
-    **extra: Any,
-) -> ConnectionConfig:
-    """Our client's engine settings for ``url``.
-
-    ``sasl``: True picks PLAIN when the URL has a user, else ANONYMOUS; "EXTERNAL" lets the
-    TLS client certificate speak for us; False skips the SASL layer.
-    """
-    client: SaslClient | None = None
-    if sasl == EXTERNAL:
-        client = SaslClient.external()
-    elif url.username and sasl:
-        client = SaslClient.plain(url.username, url.password or "")
-    elif sasl:
-        client = SaslClient.anonymous()
-    if client is not None:
-        client.hostname = url.host
-    return ConnectionConfig(
-        container_id=container_id or f"pairlink-{uuid.uuid4()}",
-        hostname=url.host,
-        idle_timeout=idle_timeout,
-        sasl=client,
-        **extra,
-    )
-
-
-@asynccontextmanager
-async def connect(
-    url: str,
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    on_attach: OnAttach | None = None,
-    connect_timeout: float = 30.0,
-    **config: Any,
-) -> AsyncIterator[AmqpConnection]:
-    """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
-    user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it."""
-    parsed = AmqpUrl.parse(url)
-    peer = f"{parsed.host}:{parsed.port}"
-    with trio.fail_after(connect_timeout):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(parsed.host, parsed.port)
-    if parsed.tls:
-        context = ssl_context or ssl.create_default_context()
-        stream = trio.SSLStream(stream, context, server_hostname=parsed.host)
-        try:
-            with trio.fail_after(connect_timeout):
-                await stream.do_handshake()
-        except BaseException as exc:
-            await trio.aclose_forcefully(stream)
-            if isinstance(exc, trio.BrokenResourceError):  # say why: the ssl error it wraps
-                why = exc.__cause__ or exc
-                raise ConnectionLostError(f"TLS handshake with {peer} failed: {why}") from exc
-            raise
-    async with open_connection(
-        stream, client_config(parsed, **config), initiator=True, peer=peer, on_attach=on_attach
-    ) as conn:
-        yield conn
-
-
-@attrs.define
-class Listener:
-    """A running listener: where it listens, and its connections."""
-
-    url: str
-    port: int
-    connections: set[AmqpConnection] = attrs.field(factory=set)
-
-
-@asynccontextmanager
-async def listen(
-    url: str,
-    *,
-    on_attach: OnAttach | None = None,
-    handler: Callable[[AmqpConnection], Awaitable[None]] | None = None,
-    users: dict[str, str] | None = None,
-    allow_anonymous: bool | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    container_id: str | None = None,
-    idle_timeout: float | None = 60.0,
-    offered_capabilities: Sequence[str] = (),
-    **config: Any,
-) -> AsyncIterator[Listener]:
-    """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one).
-
-    ``users`` enables SASL PLAIN against that table (ANONYMOUS then only if
-    ``allow_anonymous``); ``on_attach`` answers the links peers open; ``handler`` runs for
-    each connection's lifetime. Leaving the block closes every connection.
-    """
-    parsed = AmqpUrl.parse(url)
-    if parsed.tls and ssl_context is None:
-        raise ValueError("amqps:// needs an ssl_context with the server certificate")
-    anonymous = users is None if allow_anonymous is None else allow_anonymous
-    sasl = SaslServer.with_users(users or {}, allow_anonymous=anonymous)
-    listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
-    port = listeners[0].socket.getsockname()[1]
-    scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
-    listener = Listener(scheme_url, port)
-    name = container_id or f"pairlink-{uuid.uuid4()}"
-
-    async def serve_one(stream: trio.abc.Stream, peer: str) -> None:
-        external: str | None = None
-        try:
-            if ssl_context is not None:
-                tls = trio.SSLStream(stream, ssl_context, server_side=True)
-                with trio.fail_after(HANDSHAKE_TIMEOUT):
-                    await tls.do_handshake()
-                external = _certificate_identity(tls.getpeercert())
-                stream = tls
-            cfg = ConnectionConfig(
-                container_id=name,
-                idle_timeout=idle_timeout,
-                offered_capabilities=offered_capabilities,
-                sasl=attrs.evolve(sasl, external_identity=external),
-                **config,
-            )
-            async with open_connection(
-                stream, cfg, initiator=False, peer=peer, on_attach=on_attach
-            ) as conn:
-                listener.connections.add(conn)
-                try:
-                    if handler is not None:
-                        await handler(conn)
-                    await conn.closed.wait()
-                finally:
-                    listener.connections.discard(conn)
-        except (trio.BrokenResourceError, ssl.SSLError, trio.TooSlowError) as exc:
-            log.info("connection.dropped", peer=peer, error=repr(exc))
-
-    async def accept(stream: trio.SocketStream) -> None:
-        host, port_, *_ = stream.socket.getpeername()
-        await serve_one(stream, f"{host}:{port_}")
-
-    log.info("listener.start", url=scheme_url)
-    with body_errors_unwrapped() as body:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, accept, listeners)
-            try:
-                async with body:
-                    yield listener
-            finally:
-                for conn in list(listener.connections):
-                    with trio.move_on_after(2):
-                        await conn.close()
-                nursery.cancel_scope.cancel()
-
-
-def _certificate_identity(cert: Any) -> str | None:
-    """The SASL EXTERNAL identity of a verified client certificate: its commonName, else its
-    first subjectAltName."""
-    cert = cert or {}
-    for rdn in cert.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return str(value)
-    for _kind, value in cert.get("subjectAltName", ()):
-        return str(value)
-    return None

@@ -16,8 +16,16 @@ from typing import Any
 
 import attrs
 
+from framework.amqp import errors as conditions
 from framework.amqp.codec import encode, encode_into
-from framework.amqp.messaging import ApplicationProperties, Header, Message, Properties
+from framework.amqp.messaging import (
+    Accepted,
+    ApplicationProperties,
+    Header,
+    Message,
+    Properties,
+    Rejected,
+)
 from framework.errors import RemoteError, RemoteTimeoutError
 from framework.payload import (
     Encoding,
@@ -34,6 +42,9 @@ OPERATION = "operation"
 STATUS_CODE = "status-code"
 STATUS_DESCRIPTION = "status-description"
 ERROR_TYPE = "error-type"
+ERROR_REF = "error-ref"
+"""The reference id under which a service logged an unexpected failure (a 500 whose details
+it keeps to itself): the caller's handle for finding the traceback in the service's log."""
 
 OK = 200
 BAD_REQUEST = 400
@@ -46,7 +57,9 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 class CallError(Exception):
-    """Raised on the service side to answer a request with ``status`` instead of a value."""
+    """Raised on the service side to answer a request with ``status`` instead of a value:
+    the status, description and ``error_type`` reach the caller as given (unlike the text of
+    an unexpected exception, which the service keeps to its log)."""
 
     def __init__(self, status: int, description: str, error_type: str | None = None) -> None:
         super().__init__(description)
@@ -215,12 +228,17 @@ def error_message(
     *,
     to: str | None,
     error_type: str | None = None,
+    ref: str | None = None,
 ) -> Message:
-    """A failure reply: the status and description, and the exception type if one was raised."""
+    """A failure reply: the status and description, the exception type the service discloses,
+    and the reference id of its log entry (``ERROR_REF``), when there are such."""
     message = _reply(request, to, status, description)
+    app = message.application_properties
+    assert app is not None
     if error_type is not None:
-        assert message.application_properties is not None
-        message.application_properties[ERROR_TYPE] = error_type
+        app[ERROR_TYPE] = error_type
+    if ref is not None:
+        app[ERROR_REF] = ref
     message.body, message.body_kind = None, "value"
     return message
 
@@ -234,13 +252,30 @@ def parse_reply(message: Message) -> Any:
     if status != OK:
         description = app.get(STATUS_DESCRIPTION)
         error_type = app.get(ERROR_TYPE)
+        ref = app.get(ERROR_REF)
         raise (RemoteTimeoutError if status == TIMEOUT else RemoteError)(
             status,
             str(description) if description is not None else "",
             None if error_type is None else str(error_type),
+            None if ref is None else str(ref),
         )
     try:
         value, _ = decode_value(message)
     except PayloadError as exc:
         raise RemoteError(BAD_REQUEST, f"undecodable reply: {exc}") from None
     return value
+
+
+def raise_for_outcome(state: object) -> None:
+    """An unsettled request's outcome, as the service said it: only ``accepted`` (or a bare
+    settlement, ``None``) means the request is being answered; ``RemoteError`` otherwise."""
+    if state is None or isinstance(state, Accepted):
+        return
+    error = state.error if isinstance(state, Rejected) else None
+    condition = str(error.condition) if error is not None else None
+    if isinstance(state, Rejected):
+        status = NOT_FOUND if condition == conditions.NOT_FOUND else BAD_REQUEST
+        description = (error.description if error is not None else None) or "request rejected"
+    else:  # released or modified: the service did not take it
+        status, description = UNAVAILABLE, f"request {type(state).__name__.lower()}"
+    raise RemoteError(status, description, condition)

@@ -18,13 +18,8 @@ from framework.amqp.messaging import Accepted, Error, Message, Rejected
 from framework.amqp.performatives import Attach, Begin, Open
 from framework.endpoints import Receiver
 from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
-from framework.transport import (
-    AmqpConnection,
-    Listener,
-    connect,
-    listen,
-    open_connection,
-)
+from framework.net import Listener, connect, listen, open_connection
+from framework.transport import AmqpConnection
 from tests.tls import CLIENT_IDENTITY, TlsFiles
 
 

@@ -21,7 +21,8 @@ from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Message, Properties, Rejected
 from framework.endpoints import Receiver, Sender
 from framework.errors import AuthenticationError, ConnectionLostError
-from framework.transport import AmqpConnection, Listener, connect, listen
+from framework.net import Listener, connect, listen
+from framework.transport import AmqpConnection
 from tests.interop.proton_peers import (
     ProtonServer,
     blocking_receive,

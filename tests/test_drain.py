@@ -1,0 +1,74 @@
+"""Drain (Part 2 §2.6.7): a receiver that sets ``drain`` gets a flow back from a sender with
+nothing to send, advancing delivery-count by the credit and zeroing it (issue 9 §6)."""
+
+from __future__ import annotations
+
+import trio
+
+from framework import handler, open_server, service
+from framework.amqp.link import Link
+from framework.amqp.performatives import Flow
+from framework.endpoints import Receiver
+from framework.net import connect, listen
+from framework.transport import AmqpConnection
+from tests.service_peers import raw_client
+
+
+@service("quiet")
+class Quiet:
+    @handler
+    async def echo(self, x: object) -> object:
+        return x
+
+
+async def test_a_service_answers_a_drain_on_its_reply_link() -> None:
+    async with open_server(Quiet, listen="amqp://127.0.0.1:0") as server:
+        async with raw_client(server.url) as client:
+            sender, receiver = client.pair("quiet", reply_credit=10)
+            mid, _ = client.request(sender, "echo", "one")
+            await client.wait_reply(mid)  # one reply used one credit of the 10
+            client.engine.flow(receiver, 9, drain=True)
+            handle = client.link_frames("pair", False)[0].handle  # the service's reply sender
+
+            def drained() -> list[Flow]:
+                return [
+                    f
+                    for f in client.of(Flow, handle=handle)
+                    if f.link_credit == 0 and f.delivery_count == 10
+                ]
+
+            await client.read_until(lambda: bool(drained()))
+        assert receiver.link_credit == 0
+
+
+class FlowWatch(Receiver):
+    """A receiver that tells the test about each flow the sender sends."""
+
+    def __init__(self, conn: AmqpConnection, link: Link) -> None:
+        super().__init__(conn, link, credit=0)
+        self.flowed = trio.Event()
+
+    def on_flow(self) -> None:
+        self.flowed.set()
+
+
+async def test_our_sender_answers_a_drain_when_nothing_waits_to_be_sent() -> None:
+    watches: list[FlowWatch] = []
+
+    def on_attach(conn: AmqpConnection, link: Link) -> None:
+        conn.answer_attach(link)
+        watches.append(FlowWatch(conn, link))
+        conn.engine.flow(link, 5, drain=True)  # no public drain API: a test reaches in
+        conn.kick()
+
+    async with (
+        listen("amqp://127.0.0.1:0", on_attach=on_attach) as listener,
+        connect(listener.url) as conn,
+    ):
+        sender = conn.open_sender("sink")
+        with trio.fail_after(10):
+            await sender.attached.wait()
+            await watches[0].flowed.wait()
+        link = watches[0].link
+        assert (link.link_credit, link.delivery_count) == (0, 5)
+        assert sender.link.link_credit == 0
