@@ -24,7 +24,7 @@ class Calculator:
     def multiply(self, a: float, b: float) -> float:
         return a * b
 
-    @handler
+    @handler(expose_errors=ZeroDivisionError)  # the caller may learn of these; not of others
     def div(self, a: float, b: float) -> float:
         return a / b
 

@@ -3,21 +3,15 @@
 Every call the actor holds takes one mailbox slot from the moment it arrives until its reply has
 left (or could not be delivered): queued, running, or waiting for the caller's reply credit.
 Credit is granted only from free slots, so however many callers and links there are, nothing
-buffers beyond the mailbox bound (plus the one credit every new link gets at once, which LP-10
-pipelining needs). A slow handler therefore pushes back on every caller through AMQP flow
-control itself, not through a queue that grows.
-
-Credit policy. With ``n`` request links the fair share of a link is ``max(1, mailbox // n)``.
-A link gets its share (or what is free) when it attaches, and is topped up again only when its
-credit has fallen to half its share, from free slots, in batches: after a quarter of the
-mailbox has freed up, or at once when nothing is queued. So a steady caller costs one flow frame
-per half share of calls, never one per call, and a link never gets more than the mailbox holds.
+buffers beyond the mailbox bound. A slow handler therefore pushes back on every caller through
+AMQP flow control itself, not through a queue that grows. How the slots are shared between
+callers (per connection, then per link), and taken back, is :mod:`framework.mailbox`'s.
 
 Calls are decoded and checked on arrival, in the connection's reader task: anything that can be
 answered without the handler (undecodable 400, unknown operation 404, arguments that do not
 bind 400, deadline passed 408, shutting down 503) is answered at once, so a bad call never
 waits behind good ones. Only calls that will run enter the queue; ``max_concurrency`` worker
-tasks take them in order.
+tasks take them, callers in turn.
 
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
 within the window gets that answer again without running; one whose first copy is still held
@@ -30,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -38,10 +33,18 @@ import structlog
 import trio
 
 from framework import deadline, wire
-from framework.amqp.errors import DECODE_ERROR, INVALID_FIELD, NOT_FOUND, ProtocolError
+from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, ProtocolError
 from framework.amqp.link import Delivery
-from framework.amqp.messaging import Accepted, Error, Message, Properties, Rejected
+from framework.amqp.messaging import (
+    Accepted,
+    Error,
+    Message,
+    Properties,
+    Rejected,
+    decode_head,
+)
 from framework.dedup import DedupStore, Outcome
+from framework.mailbox import Mailbox
 from framework.payload import Encoding, PayloadError
 from framework.wire import (
     BAD_REQUEST,
@@ -62,6 +65,10 @@ if TYPE_CHECKING:
     from framework.service import Hosted, Operation
 
 log = structlog.get_logger("pairlink.service")
+
+REF_BYTES = 6
+"""Random bytes in the reference id of an undisclosed failure (twice as many hex digits): 12
+digits tell one failure from every other in years of logs and are short enough to quote."""
 
 
 @attrs.define(slots=True, eq=False)
@@ -88,129 +95,73 @@ class Actor:
         self.operations = spec.operations
         self.pairing = spec.pairing
         self.max_concurrency = spec.max_concurrency
+        self.debug_errors = spec.debug_errors
         self.bound = spec.mailbox
         self.log = log.bind(service=spec.address)
-        self.links: dict[RequestLink, None] = {}  # insertion-ordered set
-        self._hungry: dict[RequestLink, None] = {}  # links at or below half their share
-        self._batch = max(1, self.bound // 4)
-        self._freed = 0  # slots freed since credit was last handed out
-        self.outstanding = 0  # credit granted and not yet used, over all links
-        self.held = 0  # calls in the mailbox: queued + running + replies waiting for credit
-        self.queued = 0
+        self.mailbox = Mailbox(spec.mailbox)
         self.running = 0
-        self.peak = 0  # the most calls ever held at once
-        self._send, self._recv = trio.open_memory_channel[Call](math.inf)
+        # one token per queued call: the mailbox says which call a worker takes
+        self._send, self._recv = trio.open_memory_channel[None](math.inf)
         self.stopping = False  # no more credit; new arrivals get 503
         self.aborting = False  # the grace period is over: running calls are cancelled
         self._scopes: set[trio.CancelScope] = set()
         self._drained = trio.Event()
-        self._grant_soon = trio.Event()
         self.finished = trio.Event()  # the workers are done (after begin_stop)
         self.dedup: DedupStore[Call] | None = None
         if spec.dedup_window is not None:
             self.dedup = DedupStore(spec.dedup_window, spec.dedup_size)
 
     @property
-    def free(self) -> int:
-        """Mailbox slots neither held by a call nor promised to a caller as credit."""
-        return self.bound - self.held - self.outstanding
+    def held(self) -> int:
+        """Calls in the mailbox: queued + running + replies waiting for credit."""
+        return self.mailbox.held
 
     @property
-    def share(self) -> int:
-        return max(1, self.bound // max(1, len(self.links)))
+    def outstanding(self) -> int:
+        """Credit granted and not yet used, over all links."""
+        return self.mailbox.outstanding
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a worker."""
+        return self.mailbox.queued
+
+    @property
+    def peak(self) -> int:
+        """The most calls ever held at once."""
+        return self.mailbox.peak
+
+    @property
+    def links(self) -> dict[RequestLink, None]:
+        """The attached request links."""
+        return self.mailbox.links
 
     # -- credit ----------------------------------------------------------------------------
 
     def attach_link(self, origin: RequestLink) -> None:
-        """A new request link: grant its share at once, and at least one credit even when
-        the mailbox is full, so that a pipelined first request (LP-10) is never refused."""
-        self.links[origin] = None
-        credit = max(1, min(self.share, self.free))
-        if self.stopping:
-            credit = 1
-        self.outstanding += credit
-        origin.set_credit(credit)
+        """A new request link: its credit, if any is free, goes out at once (LP-10)."""
+        self.mailbox.attach(origin)
 
     def link_gone(self, origin: RequestLink) -> None:
         """The link detached or its connection ended: its unused credit is free again."""
-        if origin in self.links:
-            del self.links[origin]
-            self._hungry.pop(origin, None)
-            self.outstanding = max(0, self.outstanding - origin.link.link_credit)
-            self._replenish()
+        self.mailbox.detach(origin)
 
-    def _replenish(self) -> None:
-        if self._freed >= self._batch or self.queued == 0:
-            self._grant_soon.set()
-
-    async def _granter(self) -> None:
-        """Hands out credit once per scheduler batch: every slot freed in one burst (a run of
-        replies flushed by one flow frame, several workers finishing) makes one flow per link."""
-        while not self.stopping:
-            await self._grant_soon.wait()
-            self._grant_soon = trio.Event()
-            self.distribute()
-
-    def distribute(self) -> None:
-        """Top up the hungry links from the free slots; one flow frame per link at most."""
-        self._freed = 0
-        if not self._hungry or self.stopping:
-            return
-        outstanding = 0  # recounted: credit can also vanish without a message (drain)
-        for origin in list(self.links):
-            if origin.usable:
-                outstanding += origin.link.link_credit
-            else:
-                self.links.pop(origin)
-                self._hungry.pop(origin, None)
-        self.outstanding = outstanding
-        free = self.bound - self.held - outstanding
-        if free <= 0:
-            return
-        share = self.share
-        low = share // 2
-        touched = set()
-        for origin in list(self._hungry):
-            credit = origin.link.link_credit
-            give = min(share - credit, free)
-            if give > 0:
-                origin.set_credit(credit + give)
-                touched.add(origin.conn)
-                free -= give
-                self.outstanding += give
-                credit += give
-            if credit > low:
-                del self._hungry[origin]
-            if free <= 0:
-                break
-        for conn in touched:
-            conn.kick()
-
-    def release(self) -> None:
-        """A call's slot is free again (its reply left, or it could not be delivered)."""
-        self.held -= 1
-        self._freed += 1
-        if self.stopping:
-            if self.held <= 0:
-                self._drained.set()
-            return
-        if self._hungry:
-            self._replenish()
+    def release(self, origin: RequestLink) -> None:
+        """The slot of a call that came on ``origin`` is free again (its reply left, or it
+        could not be delivered)."""
+        self.mailbox.release(origin.ledger.caller)
+        if self.stopping and self.mailbox.held <= 0:
+            self._drained.set()
 
     # -- arrival (the connection's reader task) --------------------------------------------
 
     def arrive(self, origin: RequestLink, delivery: Delivery, payload: bytes) -> None:
         """A request arrived on one of our links: answer it now, or queue it for a worker."""
-        self.held += 1
-        self.outstanding -= 1
-        if self.held > self.peak:
-            self.peak = self.held
-        if origin.link.link_credit <= self.share // 2:
-            self._hungry[origin] = None
+        self.mailbox.arrived(origin)
         try:
             message = Message.decode(payload)
         except ProtocolError as exc:
-            self._refuse(origin, delivery, None, DECODE_ERROR, f"undecodable message: {exc}")
+            self._undecodable(origin, delivery, payload, exc)
             return
         route = origin.route_for(message)
         if route is None:
@@ -251,24 +202,53 @@ class Actor:
                 call.key = request.message_id
             if (
                 operation.mode == "sync"
-                and self.queued == 0
+                and self.mailbox.queued == 0
                 and self.running < self.max_concurrency
             ):
                 # it could start at once, and a sync handler holds the event loop wherever it
                 # runs: running it here saves the mailbox hop and a task switch per call
                 self._run_sync(call)
             else:
-                self.queued += 1
-                self._send.send_nowait(call)
+                self.mailbox.enqueue(call)
+                self._send.send_nowait(None)
 
     def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
         """True if ``call`` repeats a tracked id: answered from the store, or parked behind
         the copy that is running. False: it is the first, and runs."""
         stored = dedup.stored(key, trio.current_time())
         if stored is not None:
-            self._answer(call, stored.status, stored.description, stored.value, stored.error_type)
+            self._answer(
+                call,
+                stored.status,
+                stored.description,
+                stored.value,
+                stored.error_type,
+                stored.ref,
+            )
             return True
         return not dedup.claim(key, call)
+
+    def _undecodable(
+        self, origin: RequestLink, delivery: Delivery, payload: bytes, exc: ProtocolError
+    ) -> None:
+        """A request that does not decode (a bad field, a body past the decode bounds): a 400
+        on its reply path when its head still names one; else ``Rejected`` with the condition,
+        or, pre-settled, the link detached with it, so the caller learns now, not at its
+        deadline."""
+        why = f"undecodable message: {exc.description}"
+        try:
+            head = decode_head(payload)
+        except ProtocolError:
+            head = None
+        route = origin.route_for(head) if head is not None else None
+        if head is not None and route is not None:
+            self.respond(route, origin, delivery, _bare_request(head), BAD_REQUEST, why)
+        elif delivery.remote_settled:
+            self.log.warning("call.undecodable", condition=exc.condition, why=why)
+            origin.close(Error(exc.condition, why))
+            self.release(origin)
+        else:
+            self._refuse(origin, delivery, None, exc.condition, why)
 
     def _refuse(
         self,
@@ -293,7 +273,7 @@ class Actor:
             )
         else:
             origin.set_outcome(delivery, Rejected(error=Error(condition, description)))
-        self.release()
+        self.release(origin)
 
     # -- replies ---------------------------------------------------------------------------
 
@@ -307,15 +287,18 @@ class Actor:
         description: str,
         value: Any = None,
         error_type: str | None = None,
+        ref: str | None = None,
     ) -> None:
         """Send the reply to ``request`` (a value for 200, else the status), settle the
         request, and free the call's slot once the reply has left."""
         try:
-            payload = self._reply_payload(route, request, status, description, value, error_type)
+            payload = self._reply_payload(
+                route, request, status, description, value, error_type, ref
+            )
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
             return
-        if route.deliver(payload, self):
+        if route.deliver(payload, origin):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
             return
@@ -327,7 +310,7 @@ class Actor:
         )
         if not delivery.remote_settled:
             origin.set_outcome(delivery, Rejected(error=Error(NOT_FOUND, "the reply link is gone")))
-        self.release()
+        self.release(origin)
 
     def _reply_payload(
         self,
@@ -337,16 +320,21 @@ class Actor:
         description: str,
         value: Any,
         error_type: str | None,
+        ref: str | None,
     ) -> bytes:
-        """The encoded reply: the value for 200 (a 500 if it cannot be encoded), else the
-        status; a 500 as well if it would exceed what the caller's link accepts."""
+        """The encoded reply: the value for 200 (an undisclosed 500 if it cannot be encoded:
+        the failure describes the result, which is the service's business), else the status;
+        a 500 as well if it would exceed what the caller's link accepts."""
         to = route.to
         if status == OK:
             try:
                 return self._fit(route, request, encode_reply(request, value, to=to))
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
-                status, description = INTERNAL_ERROR, f"cannot encode the result: {exc}"
-                error_type = _type_name(exc)
+                status = INTERNAL_ERROR
+                detail = f"cannot encode the result: {exc}"
+                description, error_type, ref = self._undisclosed(
+                    "reply.unencodable", request, exc, detail
+                )
         if status >= INTERNAL_ERROR or status == TIMEOUT:
             self.log.info(
                 "call.answered",
@@ -355,7 +343,7 @@ class Actor:
                 status=status,
                 why=description,
             )
-        message = error_message(request, status, description, to=to, error_type=error_type)
+        message = error_message(request, status, description, to=to, error_type=error_type, ref=ref)
         return self._fit(route, request, message.encode())
 
     @staticmethod
@@ -376,7 +364,7 @@ class Actor:
         until stopped."""
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._granter)
+                nursery.start_soon(self.mailbox.granter)
                 for _ in range(self.max_concurrency):
                     nursery.start_soon(self._worker)
                 task_status.started()
@@ -384,15 +372,14 @@ class Actor:
             self.finished.set()
 
     async def _worker(self) -> None:
-        async for call in self._recv:
-            self.queued -= 1
-            await self._execute(call)
+        async for _ in self._recv:
+            await self._execute(self.mailbox.dequeue())
 
     async def _execute(self, call: Call) -> None:
         request = call.request
         if not call.route.usable and call.key is None:  # the caller went away meanwhile
             self.log.info("call.abandoned", operation=request.operation, call=request.message_id)
-            self.release()
+            self.release(call.origin)
             return
         now = time.time()
         if request.deadline is not None and request.deadline <= now:
@@ -440,18 +427,37 @@ class Actor:
         self._answer(call, OK, "OK", value)
 
     def _failed(self, call: Call, exc: Exception) -> None:
-        """A handler raised: ``CallError`` says its own status, anything else is a 500."""
+        """A handler raised. The caller learns what the service chose to tell: a
+        ``CallError``'s status and words, or the type and message of a type it exposes (a
+        500); anything else is undisclosed (:meth:`_undisclosed`)."""
         if isinstance(exc, CallError):
             self._answer(call, exc.status, exc.description, error_type=exc.error_type)
             return
-        self.log.warning(
-            "call.failed",
-            operation=call.operation.name,
-            call=call.request.message_id,
+        if isinstance(exc, call.operation.exposed):
+            self._answer(call, INTERNAL_ERROR, str(exc), error_type=_type_name(exc))
+            return
+        description, error_type, ref = self._undisclosed("call.failed", call.request, exc, str(exc))
+        self._answer(call, INTERNAL_ERROR, description, error_type=error_type, ref=ref)
+
+    def _undisclosed(
+        self, event: str, request: Request, exc: Exception, detail: str
+    ) -> tuple[str, str | None, str]:
+        """An unexpected failure, whose text may hold what must not leave the process (a
+        password in a connection string, an internal host): log it with its traceback under a
+        fresh reference id, and return what the caller gets instead, as (description, error
+        type, ref): "internal error" and the ref, or ``detail`` and the type in debug mode."""
+        ref = secrets.token_hex(REF_BYTES)
+        self.log.error(
+            event,
+            ref=ref,
+            operation=request.operation,
+            call=request.message_id,
             error=repr(exc),
             exc_info=exc,
         )
-        self._answer(call, INTERNAL_ERROR, str(exc), error_type=_type_name(exc))
+        if self.debug_errors:
+            return detail, _type_name(exc), ref
+        return f"internal error (ref {ref})", None, ref
 
     def _cut_short(self) -> tuple[int, str]:
         """Why a running call was cancelled: the shutdown's grace ran out, or its deadline."""
@@ -473,6 +479,7 @@ class Actor:
         description: str,
         value: Any = None,
         error_type: str | None = None,
+        ref: str | None = None,
     ) -> None:
         self.respond(
             call.route,
@@ -483,30 +490,23 @@ class Actor:
             description,
             value,
             error_type,
+            ref,
         )
         if call.key is not None and self.dedup is not None:
-            outcome = Outcome(status, description, value, error_type)
+            outcome = Outcome(status, description, value, error_type, ref)
             for repeat in self.dedup.finish(call.key, outcome, trio.current_time()):
-                self._answer(repeat, status, description, value, error_type)
+                self._answer(repeat, status, description, value, error_type, ref)
 
     # -- shutdown --------------------------------------------------------------------------
 
     def begin_stop(self) -> None:
-        """Stop granting credit and take back what callers have not used; queued calls
-        still run, new arrivals (sent before the caller saw the revocation) get 503."""
+        """Stop granting credit and take back what callers have not used (a drain); queued
+        calls still run, new arrivals (sent before the caller saw the drain) get 503."""
         if self.stopping:
             return
         self.stopping = True
         self._send.close()  # the workers end once the queue is empty
-        self._grant_soon.set()  # and so does the granter
-        conns = set()
-        for origin in self.links:
-            if origin.usable:
-                origin.set_credit(0)
-                conns.add(origin.conn)
-        self.outstanding = 0
-        for conn in conns:
-            conn.kick()
+        self.mailbox.stop()  # and so does the granter
         if self.held <= 0:
             self._drained.set()
 

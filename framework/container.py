@@ -23,6 +23,16 @@ asked for ``unsettled``). A reply that finds no credit waits on its link, still 
 mailbox slot, so a requester that stops granting reply credit only slows itself and the service
 it calls, and never makes a buffer grow.
 
+Credit (:mod:`framework.mailbox`). A request link gets credit only from its service's free
+mailbox slots, shared per connection and then per link, and the credit goes out as the link is
+attached, before any later frame of the connection is read: a pipelined first call (LP-10) finds
+it whenever the mailbox has room. When it has none (every slot held by calls or promised to other
+callers), the link is attached with no credit, and a request sent on it anyway is refused as
+LP-10 says: the engine detaches the link with ``amqp:link:transfer-limit-exceeded`` when the
+transfer arrives (a transfer beyond credit is never held); the caller may attach again and wait
+for credit. Credit is taken back with a drain, never by lowering it, so a transfer that was
+already on its way when credit was taken back is still answered.
+
 ``RequestLink``/``ReplyLink`` subclass the transport's ``Receiver``/``Sender`` only to receive
 the transport's per-link events (message, flow, outcome, detach): the credit and the queueing
 are the actor's, not theirs.
@@ -43,15 +53,16 @@ import attrs
 import structlog
 import trio
 
-from framework import transport
+from framework import net, transport
 from framework.actor import Actor
-from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED, LocalProtocolError
+from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
 from framework.amqp.link import Delivery, Link, LinkState
 from framework.amqp.messaging import Error, Message
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, SND_UNSETTLED
 from framework.client import Client
 from framework.client import connect as connect_client
 from framework.endpoints import Receiver, Sender
+from framework.errors import PairlinkError
 from framework.linkpair import (
     LINK_PAIR_V1_0,
     PairHalf,
@@ -84,6 +95,7 @@ class RequestLink(Receiver):
     ) -> None:
         super().__init__(conn, link, credit=0)
         self.actor = actor
+        self.ledger = actor.mailbox.ledger(conn, link)  # its credit, as the mailbox counts it
         self.peer = peer
         self.half = half
         self.pair: ReplyLink | None = None  # the paired half, once both are attached
@@ -95,15 +107,23 @@ class RequestLink(Receiver):
         return not self.gone and self.link.state is LinkState.ATTACHED
 
     def set_credit(self, credit: int) -> None:
-        """Set the link's credit (a flow frame); the caller kicks the writer."""
+        """Set the link's credit (a flow frame)."""
         if self.usable:
-            self.conn.engine.flow(self.link, credit)
+            self.conn.flow(self.link, credit)
+
+    def drain(self, credit: int) -> None:
+        """Ask the sender to use its ``credit`` now or give it back (a flow with drain)."""
+        if self.usable:
+            self.conn.flow(self.link, credit, drain=True)
+
+    def release(self) -> None:
+        """A call that came on this link no longer holds its mailbox slot."""
+        self.actor.release(self)
 
     def set_outcome(self, delivery: Delivery, state: Any) -> None:
         """Say the outcome (Accepted, Rejected) of an unsettled request."""
-        if self.usable and not delivery.settled:
-            self.conn.engine.settle(delivery, state)
-            self.conn.kick()
+        if self.usable:
+            self.conn.settle(delivery, state)
 
     def route_for(self, message: Message) -> ReplyLink | None:
         """Where the reply to ``message`` goes (LP-8), or None if nowhere."""
@@ -131,6 +151,9 @@ class RequestLink(Receiver):
     def on_message(self, delivery: Delivery, payload: bytes) -> None:
         self.actor.arrive(self, delivery, payload)
 
+    def on_flow(self) -> None:
+        self.actor.mailbox.flowed(self)  # answering a drain, the sender may return credit
+
     def on_ended(self) -> None:
         if not self.gone:
             self.gone = True
@@ -155,7 +178,7 @@ class ReplyLink(Sender):
         self.to = to  # the reply's `to`: "$me" on a pair, else the address routed to
         remote = link.remote_attach
         self.presettle = remote is None or remote.snd_settle_mode != SND_UNSETTLED
-        self._parked: deque[tuple[bytes, Actor]] = deque()
+        self._parked: deque[tuple[bytes, RequestLink]] = deque()  # and the request's link
         self.gone = False
         self.attached.set()
 
@@ -168,37 +191,38 @@ class ReplyLink(Sender):
         """Replies waiting for the requester's credit."""
         return len(self._parked)
 
-    def deliver(self, payload: bytes, actor: Actor) -> bool:
-        """Send a reply now, or park it until credit comes (it keeps its mailbox slot until
-        then). False: the link is gone, the reply cannot be delivered."""
+    def deliver(self, payload: bytes, origin: RequestLink) -> bool:
+        """Send a reply to a call that came on ``origin`` now, or park it until credit comes
+        (it keeps its mailbox slot until then). False: the link is gone, the reply cannot be
+        delivered."""
         if not self.usable:
             return False
-        if self.link.link_credit > 0 and not self._parked:
+        if self.link.usable_credit > 0 and not self._parked:
             self._send_now(payload)
-            actor.release()
+            origin.release()
         else:
-            self._parked.append((payload, actor))
+            self._parked.append((payload, origin))
         return True
 
     def _send_now(self, payload: bytes) -> None:
         try:
-            self.conn.engine.send(self.link, payload, settled=self.presettle)
-        except LocalProtocolError as exc:  # the engine refused (the link is closing)
+            self.conn.send(self.link, payload, settled=self.presettle)
+        except PairlinkError as exc:  # the link or connection is closing
             log.warning("reply.dropped", link=self.link.name, error=str(exc))
-        self.conn.kick()
 
     def on_flow(self) -> None:
-        while self._parked and self.link.link_credit > 0 and self.usable:
-            payload, actor = self._parked.popleft()
+        while self._parked and self.link.usable_credit > 0 and self.usable:
+            payload, origin = self._parked.popleft()
             self._send_now(payload)
-            actor.release()
+            origin.release()
+        if self.link.drain and not self._parked:  # no reply waits: the credit is used up
+            self.conn.complete_drain(self.link)
 
     def on_update(self, delivery: Delivery) -> None:
         # the requester decided but left settling to us (rcv-settle-mode second)
         decided = delivery.remote_state is not None and not delivery.remote_settled
-        if decided and not delivery.settled and self.usable:
-            self.conn.engine.settle(delivery, delivery.remote_state)
-            self.conn.kick()
+        if decided and self.usable:
+            self.conn.settle(delivery, delivery.remote_state)
 
     def on_ended(self) -> None:
         if self.gone:
@@ -207,8 +231,8 @@ class ReplyLink(Sender):
         if self._parked:
             log.warning("reply.undeliverable", link=self.link.name, dropped=len(self._parked))
         while self._parked:
-            _payload, actor = self._parked.popleft()
-            actor.release()
+            _payload, origin = self._parked.popleft()
+            origin.release()
         self.peer.forget(self)
 
 
@@ -268,7 +292,7 @@ class Server:
             self.actors[item.address] = Actor(item)
         self.container_id = container_id or f"pairlink-{uuid.uuid4()}"
         self.grace = grace
-        self.listener: transport.Listener | None = None
+        self.listener: net.Listener | None = None
         self.peers: dict[transport.AmqpConnection, Peer] = {}
         self.log = log.bind(container=self.container_id)
         self._url = url
@@ -303,12 +327,14 @@ class Server:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the services, listen, and after ``stop()`` shut down gracefully.
 
-        Shielded from cancellation: a cancelled caller still gets the graceful shutdown,
-        bounded by the grace period (and by whatever ``on_stop`` and blocking handlers take).
+        Shielded from cancellation once listening: a cancelled caller still gets the graceful
+        shutdown, bounded by the grace period (and by whatever ``on_stop`` and blocking
+        handlers take). Cancelled before that, the start is abandoned at once (``on_stop``
+        still runs for the services whose ``on_start`` finished).
         """
         token = current_server.set(self)
         try:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope() as scope:  # shielded by _listen
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     started: list[Actor] = []
@@ -318,19 +344,20 @@ class Server:
                             started.append(actor)
                         for actor in started:
                             await nursery.start(actor.run)
-                        await self._listen(task_status)
+                        await self._listen(task_status, scope)
                     finally:
-                        for actor in started:
-                            actor.begin_stop()  # no-op after a drain; else ends the workers
-                        for actor in reversed(started):
-                            await self._hook(actor, "on_stop")
-                        self._client_done.set()
+                        with trio.CancelScope(shield=True):
+                            for actor in started:
+                                actor.begin_stop()  # no-op after a drain; else ends the workers
+                            for actor in reversed(started):
+                                await self._hook(actor, "on_stop")
+                            self._client_done.set()
         finally:
             current_server.reset(token)
         self.log.info("server.stopped")
 
-    async def _listen(self, task_status: trio.TaskStatus[None]) -> None:
-        async with transport.listen(
+    async def _listen(self, task_status: trio.TaskStatus[None], scope: trio.CancelScope) -> None:
+        async with net.listen(
             self._url,
             on_attach=self.on_attach,
             handler=self._track,
@@ -342,6 +369,10 @@ class Server:
         ) as listener:
             self.listener = listener
             self.log.info("server.listening", url=listener.url, services=list(self.actors))
+            # a cancel that came as we finished starting ends it here: once shielded, a
+            # started() into a cancelled nursery.start would leave us waiting for a stop()
+            await trio.lowlevel.checkpoint_if_cancelled()
+            scope.shield = True  # serving: from now on, only stop() ends it, gracefully
             task_status.started()
             await self._stop.wait()
             self.log.info("server.stopping", grace=self.grace)
@@ -349,8 +380,7 @@ class Server:
             for peer in list(self.peers.values()):
                 for endpoint in peer.endpoints():
                     if endpoint.link.state is LinkState.ATTACHED:
-                        peer.conn.engine.detach(endpoint.link, closed=True)
-                peer.conn.kick()
+                        peer.conn.detach(endpoint.link)
         # leaving `listen` closed every connection
 
     async def _drain(self) -> None:
@@ -440,9 +470,8 @@ class Server:
             self._refuse(peer, link, half, refusal)
             return
         assert actor is not None
-        peer.conn.engine.answer_attach(
+        peer.conn.answer_attach(
             link,
-            source=remote.source,
             target=target,
             properties=paired_properties() if half.paired else None,
             rcv_settle_mode=RCV_FIRST,  # we settle requests ourselves, at once
@@ -452,7 +481,6 @@ class Server:
         if half.paired and isinstance(other, ReplyLink):
             endpoint.pair = other
         actor.attach_link(endpoint)
-        peer.conn.kick()
 
     def _attach_replies(
         self,
@@ -487,17 +515,13 @@ class Server:
             source.address = to
         elif half.paired:
             to = ME
-        peer.conn.engine.answer_attach(
-            link,
-            source=source,
-            target=remote.target,
-            properties=paired_properties() if half.paired else None,
+        peer.conn.answer_attach(
+            link, source=source, properties=paired_properties() if half.paired else None
         )
         endpoint = ReplyLink(peer.conn, link, peer, half, to)
         peer.add(endpoint)
         if half.paired and isinstance(other, RequestLink):
             other.pair = endpoint
-        peer.conn.kick()
 
     def _refuse(self, peer: Peer, link: Link, half: PairHalf, refusal: Refusal) -> None:
         self.log.info(

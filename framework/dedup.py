@@ -34,6 +34,7 @@ class Outcome:
     description: str
     value: Any = None
     error_type: str | None = None
+    ref: str | None = None  # the log's reference id of an undisclosed failure
 
 
 class DedupStore(Generic[W]):

@@ -27,16 +27,22 @@ Three kinds of handler, chosen by how the function is written:
 
 Each served instance is an actor (:mod:`framework.actor`): ``max_concurrency`` calls run at once
 (default 1, so handler state needs no locks) and at most ``mailbox`` calls are held: callers
-get link credit only from its free slots. A handler may raise ``framework.wire.CallError`` to
-answer with a status of its own choosing; any other exception is a 500 carrying its type and
-message.
+get link credit only from its free slots.
+
+What a caller learns of a failure is what the service chose to tell. A handler may raise
+``framework.wire.CallError`` to answer with a status of its own choosing; an exception of a type
+declared with ``expose_errors`` (on ``@service`` or ``@handler``) is a 500 carrying its type and
+message. Anything else may hold what must not leave the process (a password in a connection
+string, an internal host): the caller gets a 500 saying only "internal error" and a reference
+id (``RemoteError.ref``), and the server logs the traceback under that id.
+``debug_errors=True`` (for development) sends every exception's type and message.
 """
 
 from __future__ import annotations
 
 import inspect
 import ssl
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -44,6 +50,7 @@ import attrs
 import trio
 
 from framework.container import Server, current_server
+from framework.limits import Limits
 from framework.taskgroups import lone_errors_unwrapped
 from framework.wire import ME
 
@@ -59,6 +66,7 @@ _SERVICE = "__pairlink_service__"
 
 F = TypeVar("F", bound=Callable[..., Any])
 Mode = Literal["async", "sync", "blocking"]
+ExceptionTypes = tuple[type[Exception], ...]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
@@ -69,6 +77,7 @@ class _Mark:
 
     name: str | None
     blocking: bool
+    expose: ExceptionTypes = ()
 
 
 @attrs.frozen
@@ -87,9 +96,12 @@ class Operation:
     min_positional: int
     max_positional: int | None  # None: takes *args
     simple: bool  # no keyword-only parameter without a default: positional counts suffice
+    exposed: ExceptionTypes = ()  # raised, these reach the caller with type and message
 
     @classmethod
-    def of(cls, name: str, function: Callable[..., Any], mode: Mode) -> Operation:
+    def of(
+        cls, name: str, function: Callable[..., Any], mode: Mode, exposed: ExceptionTypes = ()
+    ) -> Operation:
         params = list(inspect.signature(function).parameters.values())[1:]
         positional = [p for p in params if p.kind in _POSITIONAL]
         required = [p for p in positional if p.default is p.empty]
@@ -103,6 +115,7 @@ class Operation:
             len(required),
             None if varargs else len(positional),
             not required_keywords,
+            exposed,
         )
 
     def check_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -127,6 +140,7 @@ class ServiceSpec:
     cls: type
     dedup_window: float | None = None
     dedup_size: int = DEFAULT_DEDUP_SIZE
+    debug_errors: bool = False
 
 
 @attrs.frozen
@@ -147,26 +161,57 @@ class Hosted:
 @overload
 def handler(function: F, /) -> F: ...
 @overload
-def handler(name: str | None = None, /, *, blocking: bool = False) -> Callable[[F], F]: ...
+def handler(
+    name: str | None = None,
+    /,
+    *,
+    blocking: bool = False,
+    expose_errors: type[Exception] | Iterable[type[Exception]] = (),
+) -> Callable[[F], F]: ...
 
 
-def handler(target: Any = None, /, *, blocking: bool = False) -> Any:
+def handler(
+    target: Any = None,
+    /,
+    *,
+    blocking: bool = False,
+    expose_errors: type[Exception] | Iterable[type[Exception]] = (),
+) -> Any:
     """Mark a method as an operation: ``@handler``, ``@handler("name")``,
-    ``@handler(blocking=True)`` (a sync function run in a worker thread)."""
+    ``@handler(blocking=True)`` (a sync function run in a worker thread).
+
+    ``expose_errors``: exception types (subclasses included, as in ``except``) this handler
+    raises on purpose, added to its service's: the caller gets their type and message in a
+    500. Any other exception's text stays in the server's log (see the module's docstring)."""
     if callable(target) or isinstance(target, staticmethod | classmethod):
         return _mark(target, None, blocking)
     if target is not None and not isinstance(target, str):
         raise TypeError(f"@handler takes an operation name (str), not {target!r}")
     if target is not None and not target:
         raise ValueError("@handler: the operation name must not be empty")
+    expose = _exception_types(f"@handler({target!r})" if target else "@handler", expose_errors)
 
     def decorate(function: F) -> F:
-        return cast(F, _mark(function, target, blocking))
+        return cast(F, _mark(function, target, blocking, expose))
 
     return decorate
 
 
-def _mark(function: Any, name: str | None, blocking: bool) -> Any:
+def _exception_types(where: str, value: object) -> ExceptionTypes:
+    """``expose_errors`` as a tuple of exception classes (one class is accepted alone)."""
+    items: tuple[object, ...] = (value,)
+    if isinstance(value, Iterable) and not isinstance(value, str | bytes):
+        items = tuple(value)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, Exception)):
+            raise TypeError(
+                f"{where}: expose_errors takes exception classes (Exception subclasses), "
+                f"not {item!r}"
+            )
+    return cast(ExceptionTypes, items)
+
+
+def _mark(function: Any, name: str | None, blocking: bool, expose: ExceptionTypes = ()) -> Any:
     if isinstance(function, staticmethod | classmethod):
         kind = type(function).__name__
         raise TypeError(
@@ -191,7 +236,7 @@ def _mark(function: Any, name: str | None, blocking: bool) -> Any:
         raise TypeError(
             f"handler {where} is async: blocking=True is for sync functions, run in a thread"
         )
-    setattr(function, _HANDLER, _Mark(name, blocking))
+    setattr(function, _HANDLER, _Mark(name, blocking, expose))
     return function
 
 
@@ -206,6 +251,8 @@ def service(
     pairing: bool = True,
     dedup_window: float | None = None,
     dedup_size: int = DEFAULT_DEDUP_SIZE,
+    expose_errors: type[Exception] | Iterable[type[Exception]] = (),
+    debug_errors: bool = False,
 ) -> Callable[[type[Any]], type[Any]]:
     """Serve the decorated class at ``address``.
 
@@ -217,10 +264,16 @@ def service(
     caller's stable key, e.g. ``call_service(key=...)``); a repeat of that id within the
     window gets the kept reply and the handler does not run again. ``dedup_size``: replies
     kept at most, the oldest dropped first, so memory stays bounded (:mod:`framework.dedup`).
+    ``expose_errors``: exception types (subclasses included) any handler raises on purpose,
+    e.g. ``(KeyError, ValueError)``: the caller gets their type and message in a 500, as it
+    does a ``CallError``'s. Every other exception's text may hold secrets, so the caller gets
+    "internal error" and a reference id, and the server logs the traceback under that id.
+    ``debug_errors=True``: send every exception's type and message (for development only).
     """
     if not isinstance(address, str):
         raise TypeError(f'@service needs the address first: @service("name"), got {address!r}')
     _check_limits(address, max_concurrency, mailbox)
+    expose = _exception_types(f"@service({address!r})", expose_errors)
     if dedup_window is not None and not dedup_window > 0:
         raise ValueError(f"@service({address!r}): dedup_window must be > 0 seconds, or None")
     if not isinstance(dedup_size, int) or dedup_size < 1:
@@ -234,10 +287,11 @@ def service(
             max_concurrency,
             _mailbox(mailbox, max_concurrency),
             pairing,
-            _collect_operations(cls),
+            _collect_operations(cls, expose),
             cls,
             dedup_window,
             dedup_size,
+            bool(debug_errors),
         )
         for hook in ("on_start", "on_stop"):
             _check_hook(cls, hook)
@@ -263,9 +317,10 @@ def _mailbox(mailbox: int | None, max_concurrency: int) -> int:
     return max(DEFAULT_MAILBOX, 2 * max_concurrency) if mailbox is None else mailbox
 
 
-def _collect_operations(cls: type[Any]) -> dict[str, Operation]:
+def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Operation]:
     """The marked methods of ``cls`` and its bases (a subclass's definition of a name wins,
-    marked or not), by operation name; two functions claiming one name is an error."""
+    marked or not), by operation name; two functions claiming one name is an error. Each
+    exposes the service's ``expose`` types and its own."""
     functions: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
@@ -289,7 +344,7 @@ def _collect_operations(cls: type[Any]) -> dict[str, Operation]:
             mode = "async"
         else:
             mode = "sync"
-        operations[name] = Operation.of(name, function, mode)
+        operations[name] = Operation.of(name, function, mode, expose + mark.expose)
     if not operations:
         raise TypeError(f"@service {cls.__qualname__} has no @handler methods")
     return operations
@@ -323,11 +378,15 @@ def hosted(
     address: str | None = None,
     max_concurrency: int | None = None,
     mailbox: int | None = None,
+    debug_errors: bool | None = None,
 ) -> Hosted:
     """A ``@service`` class or instance, to serve with some settings overridden (the CLI's
-    ``--address``, or two instances of one class at two addresses). A class is instantiated
-    without arguments; pass an instance to give it some."""
+    ``--address``, two instances of one class at two addresses, ``debug_errors=True`` on a
+    developer's machine). A class is instantiated without arguments; pass an instance to give
+    it some."""
     spec = spec_of(service)
+    if debug_errors is not None:
+        spec = attrs.evolve(spec, debug_errors=bool(debug_errors))
     if address is not None or max_concurrency is not None or mailbox is not None:
         address = spec.address if address is None else address
         concurrency = spec.max_concurrency if max_concurrency is None else max_concurrency
@@ -364,6 +423,7 @@ async def open_server(
     grace: float = 10.0,
     container_id: str | None = None,
     call_url: str | None = None,
+    limits: Limits | None = None,
     **options: Any,
 ) -> AsyncIterator[Server]:
     """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
@@ -372,9 +432,12 @@ async def open_server(
     Leaving the block, even by cancellation, shuts down gracefully: credit stops, calls
     already held are finished and answered (for ``grace`` seconds at most; after that they
     are cancelled and answered 503), links are detached, connections closed, then each
-    service's ``on_stop`` runs. ``users`` turns on SASL PLAIN; ``ssl_context`` serves
-    ``amqps://``; ``call_url`` is where :func:`remote` connects (default: this server);
-    ``options`` go to :func:`framework.transport.listen` (``idle_timeout``...).
+    service's ``on_stop`` runs. Cancelled before the server listens, the start is given up at
+    once (a pending ``on_start`` is cancelled). ``users`` turns on SASL PLAIN; ``ssl_context``
+    serves ``amqps://``; ``call_url`` is where :func:`remote` connects (default: this server);
+    ``limits`` bounds what peers can make the server hold (:class:`framework.limits.Limits`,
+    every field documented with its default); ``options`` go to :func:`framework.net.listen`
+    (``idle_timeout``...) and override ``limits``.
     """
     served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
     server = Server(
@@ -385,12 +448,14 @@ async def open_server(
         grace=grace,
         container_id=container_id,
         call_url=call_url,
-        listen_options=options,
+        listen_options={**(limits or Limits()).listen_options(), **options},
     )
     with lone_errors_unwrapped():
         async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
             try:
+                # inside the try: however the start ends, a server that got going is stopped
+                # (``run`` gives up a cancelled start itself, before it shields its shutdown)
+                await nursery.start(server.run)
                 yield server
             finally:
                 server.stop()  # the server task is shielded: the nursery waits for its shutdown

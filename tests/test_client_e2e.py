@@ -36,7 +36,7 @@ class Front:
         probe = await remote("probe")
         return await probe.remaining()  # type: ignore[no-any-return]
 
-    @handler
+    @handler(expose_errors=ZeroDivisionError)
     async def divide(self, a: float, b: float) -> float:
         return a / b
 

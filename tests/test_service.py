@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from framework import deadline, wire
 from framework.amqp import errors
@@ -24,9 +25,10 @@ from framework.amqp.performatives import (
     SND_MIXED,
     SND_SETTLED,
     SND_UNSETTLED,
+    Detach,
     Transfer,
 )
-from framework.amqp.types import Described, Symbol
+from framework.amqp.types import Described, Symbol, ULong
 from framework.client import Client, connect
 from framework.container import Server
 from framework.errors import RemoteError
@@ -135,10 +137,18 @@ async def test_400_for_arguments_that_do_not_bind(
     assert exc.value.status == 400 and exc.value.message.startswith("add: ")
 
 
-async def test_500_carries_the_exception_type_and_message(client: Client) -> None:
+async def test_an_unexpected_exception_is_a_500_naming_only_its_reference(
+    client: Client,
+) -> None:
     with pytest.raises(RemoteError) as exc:
         await client.call("svc", "fail")
-    assert (exc.value.status, exc.value.type, exc.value.message) == (500, "ValueError", "bad value")
+    ref = exc.value.ref
+    assert ref is not None and len(ref) == 12
+    assert (exc.value.status, exc.value.type, exc.value.message) == (
+        500,
+        None,
+        f"internal error (ref {ref})",
+    )
 
 
 async def test_a_handler_chooses_its_status_with_call_error(client: Client) -> None:
@@ -151,10 +161,13 @@ async def test_a_handler_chooses_its_status_with_call_error(client: Client) -> N
     )
 
 
-async def test_a_result_that_cannot_be_encoded_is_a_500(client: Client) -> None:
-    with pytest.raises(RemoteError) as exc:
+async def test_a_result_that_cannot_be_encoded_is_an_undisclosed_500(client: Client) -> None:
+    with capture_logs() as logs, pytest.raises(RemoteError) as exc:
         await client.call("svc", "unencodable")
-    assert exc.value.status == 500 and "Unencodable" in exc.value.message
+    assert exc.value.status == 500 and exc.value.ref is not None
+    assert "Unencodable" not in exc.value.message
+    (entry,) = [e for e in logs if e["event"] == "reply.unencodable"]
+    assert entry["ref"] == exc.value.ref and "Unencodable" in entry["error"]
 
 
 async def test_sync_handlers_run_inline_and_blocking_ones_in_a_thread(client: Client) -> None:
@@ -280,8 +293,9 @@ async def test_a_message_that_is_not_amqp_is_rejected_with_decode_error(raw: Raw
 @pytest.mark.parametrize(
     ("properties", "outcome"),
     [
-        ([1, None, None, None, ["not", "an", "address"]], errors.INVALID_FIELD),  # reply-to
-        ([{"a": 1}, None, None, None, wire.ME], None),  # a map as message-id: echoed back
+        # not of the type the field needs (Part 3 §3.2.4): not a message, so no reply path
+        ([1, None, None, None, ["not", "an", "address"]], errors.DECODE_ERROR),  # reply-to
+        ([{"a": 1}, None, None, None, wire.ME], errors.DECODE_ERROR),  # a map as message-id
         ([1, None, None, None, wire.ME, None, None, None, "noon"], errors.DECODE_ERROR),
     ],
     ids=["reply-to-list", "message-id-map", "expiry-string"],
@@ -296,14 +310,41 @@ async def test_fields_of_illegal_types_never_take_the_server_down(
     encode_into(Described(0x77, [1, 2]), body)
     delivery = raw.send(sender, bytes(body), settled=False)
     await raw.read_until(lambda: delivery.remote_settled)
-    if outcome is None:
-        assert isinstance(delivery.remote_state, Accepted)
-    else:
-        assert isinstance(delivery.remote_state, Rejected)
-        assert delivery.remote_state.error is not None
-        assert delivery.remote_state.error.condition == outcome
+    assert isinstance(delivery.remote_state, Rejected)
+    assert delivery.remote_state.error is not None
+    assert delivery.remote_state.error.condition == outcome
     mid, _ = raw.request(sender, "add", 2, 2)  # and the server still serves
     assert wire.parse_reply(await raw.wait_reply(mid)) == 4
+
+
+def _request_with_a_bad_body(message_id: int) -> bytes:
+    body = bytearray()
+    encode_into(Described(0x73, [ULong(message_id), None, None, None, wire.ME]), body)
+    encode_into(Described(0x74, {wire.OPERATION: "add"}), body)
+    return bytes(body) + b"\x00\x53\x77\xff"  # an amqp-value of no AMQP type at all
+
+
+async def test_a_presettled_request_whose_body_does_not_decode_gets_a_400(
+    raw: RawClient, svc: Svc
+) -> None:
+    sender, _ = raw.pair("svc")
+    raw.send(sender, _request_with_a_bad_body(77), settled=True)
+    reply = await raw.wait_reply(77)
+    assert status(reply) == wire.BAD_REQUEST
+    assert "undecodable" in str(app_property(reply, wire.STATUS_DESCRIPTION))
+    assert svc.ran == []
+
+
+async def test_a_presettled_request_with_no_reply_path_detaches_its_link(raw: RawClient) -> None:
+    sender, _ = raw.pair("svc")
+    body = bytearray()
+    encode_into(Described(0x73, [{"a": 1}, None, None, None, wire.ME]), body)  # bad message-id
+    encode_into(Described(0x77, [1, 2]), body)
+    raw.send(sender, bytes(body), settled=True)
+    await raw.read_until(lambda: bool(raw.of(Detach, closed=True)))
+    (detach,) = raw.of(Detach, closed=True)
+    assert detach.error is not None
+    assert detach.error.condition == errors.DECODE_ERROR
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,36 @@ def test_handlers_are_inherited_and_a_subclass_definition_wins() -> None:
     assert ops["ping"].function is Derived.ping
 
 
+def test_exposed_errors_are_the_services_and_the_handlers_own() -> None:
+    @service("svc", expose_errors=[KeyError, PermissionError])
+    class Svc:
+        @handler(expose_errors=ValueError)
+        def parse(self) -> None: ...
+
+        @handler
+        def other(self) -> None: ...
+
+    ops = spec_of(Svc).operations
+    assert ops["parse"].exposed == (KeyError, PermissionError, ValueError)
+    assert ops["other"].exposed == (KeyError, PermissionError)
+    assert spec_of(Svc).debug_errors is False
+    assert spec_of(Calc).operations["add"].exposed == ()
+    assert hosted(Svc, debug_errors=True).spec.debug_errors is True
+
+
+@pytest.mark.parametrize("bad", ["ValueError", 3, [ValueError, int], BaseException])
+def test_expose_errors_takes_exception_classes(bad: Any) -> None:
+    with pytest.raises(TypeError, match=r"@service\('svc'\): expose_errors takes exception"):
+
+        @service("svc", expose_errors=bad)
+        class Svc:
+            @handler
+            def f(self) -> None: ...
+
+    with pytest.raises(TypeError, match=r"@handler\('op'\): expose_errors takes exception"):
+        handler("op", expose_errors=bad)
+
+
 def test_hosted_overrides_address_and_limits() -> None:
     served = hosted(Calc, address="calc2", mailbox=4)
     assert served.address == "calc2" and served.spec.mailbox == 4

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import structlog
 import trio
+from structlog.testing import capture_logs
 
 from framework import deadline, wire
 from framework.amqp.performatives import Close, Detach
@@ -77,6 +79,64 @@ async def test_on_start_failure_stops_the_services_already_started() -> None:
         async with open_server(Keeper(events), Second(events, fail_start=True), listen=URL):
             pytest.fail("must not serve")
     assert events == ["start", "stop"]
+
+
+async def test_open_server_cancelled_before_it_listens_returns_at_once() -> None:
+    """Cancelled as it starts: the start is given up (it used to listen anyway, shielded, and
+    then wait forever for a stop nobody would ask for); on_stop still follows on_start."""
+    events: list[str] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        async with open_server(Keeper(events), listen=URL):
+            pytest.fail("must not serve")
+    assert scope.cancelled_caught
+    assert events == ["start", "stop"]
+
+
+async def test_open_server_cancelled_as_it_begins_to_listen_returns_at_once() -> None:
+    """The narrowest window: cancelled after the start's last checkpoint (here, by the log
+    line that says it listens), just before it would report itself started."""
+    events: list[str] = []
+    scope = trio.CancelScope()
+
+    def cancel_when_listening(_logger: Any, _method: str, event: Any) -> Any:
+        if event["event"] == "server.listening":
+            scope.cancel()
+        return event
+
+    with capture_logs() as logs:
+        structlog.get_config()["processors"].insert(0, cancel_when_listening)
+        with scope:
+            async with open_server(Keeper(events), listen=URL):
+                pytest.fail("must not serve")
+    assert scope.cancelled_caught
+    assert "server.listening" in [e["event"] for e in logs]
+    assert events == ["start", "stop"]
+
+
+async def test_cancelling_open_server_cancels_a_pending_on_start() -> None:
+    events: list[str] = []
+    starting = trio.Event()
+
+    @service("stuck")
+    class Stuck(Keeper):
+        async def on_start(self) -> None:
+            starting.set()
+            try:
+                await trio.sleep_forever()  # a database that never answers
+            finally:
+                self.events.append("start cancelled")
+
+    async def serve_both() -> None:
+        async with open_server(Keeper(events), Stuck(events), listen=URL):
+            pytest.fail("must not serve")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve_both)
+        await starting.wait()
+        nursery.cancel_scope.cancel()
+    # the service whose on_start finished is stopped; the stuck one never started
+    assert events == ["start", "start cancelled", "stop"]
 
 
 async def test_cancelling_serve_answers_held_calls_then_detaches_and_closes() -> None:
@@ -185,8 +245,9 @@ async def test_a_handler_calls_another_service_and_its_deadline_travels() -> Non
         assert 0 < inner < 3  # the inner call got what was left of the outer deadline
         with pytest.raises(RemoteError) as exc:
             await client.call("front", "relay", "fail")
-        assert exc.value.status == 500 and exc.value.type == "framework.errors.RemoteError"
-        assert "KeyError" in exc.value.message
+        # back told front nothing of its KeyError, and front tells its caller nothing more
+        assert exc.value.status == 500 and exc.value.type is None and exc.value.ref
+        assert "KeyError" not in exc.value.message and "missing" not in exc.value.message
 
 
 async def test_remote_outside_a_service_is_an_error() -> None:

@@ -25,7 +25,7 @@ class Recorder:
         self.active: Counter[int] = Counter()
         self.peaks: Counter[int] = Counter()
 
-    @handler
+    @handler(expose_errors=ValueError)  # the "boom" the tests expect to see, type and message
     def score(self, id: int, text: str) -> dict[str, object]:
         self.runs[id] += 1
         if text == "boom":
