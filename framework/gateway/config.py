@@ -20,7 +20,14 @@ from urllib.parse import urlsplit
 import attrs
 
 from framework.gateway.toml_lines import KeyLines, KeyPath, dotted
-from framework.transport import AmqpUrl
+from framework.limits import Limits
+from framework.net import AmqpUrl
+
+MAX_PAIRS = 10_000
+"""Pairs a gateway carries at once unless configured otherwise (``max_pairs``). A relayed pair
+measured about 13 KiB of gateway memory (RSS, its downstream and upstream halves and relay
+state), so the default holds pairs to about 130 MiB; past it a new pair is refused with
+``amqp:resource-limit-exceeded``."""
 
 
 class ConfigError(ValueError):
@@ -54,7 +61,10 @@ class GatewayConfig:
     (name -> password) allowed to connect inbound (None: anonymous peers are allowed);
     ``tls_cert``/``tls_key``: PEM files for an ``amqps`` listener; ``idle_timeout``: seconds
     of silence after which a connection (inbound or upstream) is declared dead;
-    ``attach_timeout``: how long a peer's attach may wait for the upstream pair."""
+    ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
+    ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
+    hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
+    may make the gateway hold (the ``[limits]`` table, :class:`framework.limits.Limits`)."""
 
     listen: str
     routes: tuple[Route, ...]
@@ -64,12 +74,34 @@ class GatewayConfig:
     container_id: str | None = None
     idle_timeout: float = 30.0
     attach_timeout: float = 10.0
+    max_pairs: int = MAX_PAIRS
+    limits: Limits = attrs.field(factory=Limits)
 
 
 # -- reading a TOML config -----------------------------------------------------------------------
 
-_TOP_KEYS = ("listen", "container_id", "idle_timeout", "attach_timeout", "tls", "users", "route")
+_TOP_KEYS = (
+    "listen",
+    "container_id",
+    "idle_timeout",
+    "attach_timeout",
+    "max_pairs",
+    "limits",
+    "tls",
+    "users",
+    "route",
+)
 _TLS_KEYS = ("cert", "key")
+_LIMIT_SECONDS = ("handshake_timeout", "login_penalty")
+_LIMIT_COUNTS = {  # key: what it counts, for the messages
+    "max_connections": "connections",
+    "max_outgoing_bytes": "bytes",
+    "max_message_size": "bytes",
+    "max_incomplete_bytes": "bytes",
+    "max_unsettled": "deliveries",
+    "max_decoded_elements": "values",
+    "handle_max": "handles",
+}
 _USER_KEYS = ("password_env",)
 _ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
 
@@ -181,6 +213,15 @@ class _Reader:
                 self.fail(("tls", "cert"), f"cert and key do not load as a PEM pair: {exc}")
         elif listen.startswith("amqps:"):
             self.fail(("listen",), "an amqps:// listen needs a [tls] table with cert and key")
+        limits: dict[str, Any] = {  # absent: GatewayConfig's defaults
+            key: self.seconds(document[key], (key,))
+            for key in ("idle_timeout", "attach_timeout")
+            if key in document
+        }
+        if "max_pairs" in document:
+            limits["max_pairs"] = self.count(document["max_pairs"], ("max_pairs",), "pairs")
+        if "limits" in document:
+            limits["limits"] = self.limits(document["limits"])
         return GatewayConfig(
             listen=listen,
             routes=self.routes(document, users),
@@ -188,12 +229,19 @@ class _Reader:
             tls_cert=tls_cert,
             tls_key=tls_key,
             container_id=self.optional(document, (), "container_id"),
-            **{  # absent: GatewayConfig's defaults
-                key: self.seconds(document[key], (key,))
-                for key in ("idle_timeout", "attach_timeout")
-                if key in document
-            },
+            **limits,
         )
+
+    def limits(self, value: object) -> Limits:
+        here: KeyPath = ("limits",)
+        table = self.table(value, here, (*_LIMIT_SECONDS, *_LIMIT_COUNTS))
+        fields: dict[str, Any] = {}
+        for key, item in table.items():
+            if key in _LIMIT_SECONDS:
+                fields[key] = self.seconds(item, (*here, key))
+            else:
+                fields[key] = self.count(item, (*here, key), _LIMIT_COUNTS[key])
+        return Limits(**fields)
 
     def routes(self, document: dict[str, Any], users: dict[str, str] | None) -> tuple[Route, ...]:
         tables = document.get("route")
@@ -282,6 +330,13 @@ class _Reader:
         if not (0 < value < math.inf):
             self.fail(path, f"{value} is not a positive number of seconds")
         return float(value)
+
+    def count(self, value: object, path: KeyPath, things: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected a number of {things} (an integer), got {_type_name(value)}")
+        if value < 1:
+            self.fail(path, f"{value} is not a positive number of {things}")
+        return value
 
     def password(
         self, table: dict[str, Any], path: KeyPath, key: str, *, needed_by: str | None = None

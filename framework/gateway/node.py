@@ -6,7 +6,8 @@ terminus is the routing node (LP-9, :class:`RoutingRelay`). Everything else is r
 the frames the pairing rules name: unknown address, null terminus + ``amqp:not-found``; a user
 the route does not allow, ``amqp:unauthorized-access``; a link that is not paired,
 ``amqp:not-implemented`` (only a pair keeps ``reply-to: $me`` meaningful across hops without
-rewriting the bare message, so the gateway carries nothing else).
+rewriting the bare message, so the gateway carries nothing else); a new pair past the
+configured ``max_pairs``, ``amqp:resource-limit-exceeded`` (the pairs carried go on).
 """
 
 from __future__ import annotations
@@ -19,12 +20,17 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from framework import transport
-from framework.amqp.errors import NOT_ALLOWED, NOT_IMPLEMENTED, UNAUTHORIZED_ACCESS
+from framework import net, transport
+from framework.amqp.errors import (
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    RESOURCE_LIMIT_EXCEEDED,
+    UNAUTHORIZED_ACCESS,
+)
 from framework.amqp.link import Link
 from framework.amqp.messaging import Error
 from framework.gateway.config import GatewayConfig, Route
-from framework.gateway.pairs import PairRelay
+from framework.gateway.pairs import PairBudget, PairLease, PairRelay
 from framework.gateway.routing import RoutingRelay
 from framework.gateway.upstream import Upstream
 from framework.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
@@ -40,12 +46,20 @@ class Downstream:
     def __init__(self, gateway: Gateway, conn: transport.AmqpConnection) -> None:
         self.gateway = gateway
         self.conn = conn
-        self.user = conn.engine.sasl_identity
+        self.user = conn.sasl_identity
         self.relays: dict[str, Relay] = {}
 
     def forget(self, relay: Relay) -> None:
         if self.relays.get(relay.name) is relay:
             del self.relays[relay.name]
+            relay.release()
+
+    def gone(self) -> None:
+        """The connection is over: its pairs no longer count (their upstream ends are
+        detached by their own link events)."""
+        for relay in self.relays.values():
+            relay.release()
+        self.relays.clear()
 
     def may_use(self, route: Route) -> bool:
         return route.allow is None or (self.user is not None and self.user in route.allow)
@@ -58,7 +72,8 @@ class Gateway:
         self.config = config
         self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
         self.routes = {route.public: route for route in config.routes}
-        self.listener: transport.Listener | None = None
+        self.pairs = PairBudget(config.max_pairs)
+        self.listener: net.Listener | None = None
         self.peers: dict[transport.AmqpConnection, Downstream] = {}
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}
         self.upstreams: dict[str, Upstream] = {}  # by public address
@@ -70,6 +85,7 @@ class Gateway:
                     container_id=self.container_id,
                     idle_timeout=config.idle_timeout,
                     connect_timeout=config.attach_timeout,
+                    limits=config.limits,
                 )
             self.upstreams[route.public] = shared[key]
         self._nursery: trio.Nursery | None = None
@@ -94,7 +110,7 @@ class Gateway:
             self._nursery = nursery
             for upstream in set(self.upstreams.values()):
                 nursery.start_soon(upstream.run)
-            async with transport.listen(
+            async with net.listen(
                 config.listen,
                 on_attach=self.on_attach,
                 handler=self._track,
@@ -103,6 +119,7 @@ class Gateway:
                 container_id=self.container_id,
                 idle_timeout=config.idle_timeout,
                 offered_capabilities=[LINK_PAIR_V1_0],
+                **config.limits.listen_options(),
             ) as listener:
                 self.listener = listener
                 self.log.info("gateway.listening", url=listener.url, routes=list(self.routes))
@@ -120,13 +137,23 @@ class Gateway:
     def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run a relay's set-up task for as long as the gateway runs."""
         assert self._nursery is not None
-        self._nursery.start_soon(task, *args)
+        self._nursery.start_soon(self._guarded, task, *args)
+
+    async def _guarded(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
+        """A bug in one relay's set-up fails that relay (it answers its peer itself), never
+        the gateway: the traceback is logged and every other pair goes on."""
+        try:
+            await task(*args)
+        except Exception as exc:
+            self.log.error("relay.internal_error", task=repr(task), exc_info=exc)
 
     async def _track(self, conn: transport.AmqpConnection) -> None:
         try:
             await conn.closed.wait()
         finally:
-            self.peers.pop(conn, None)
+            downstream = self.peers.pop(conn, None)
+            if downstream is not None:
+                downstream.gone()
 
     # -- attaches --------------------------------------------------------------------------
 
@@ -150,7 +177,10 @@ class Gateway:
             return
         address = half.target if link.is_receiver else half.source
         if address is None:  # the routing node (LP-9)
-            downstream.relays[link.name] = RoutingRelay(downstream, link.name, link)
+            lease = self._lease(downstream, link, half)
+            if lease is not None:
+                node = RoutingRelay(downstream, link.name, link, lease)
+                downstream.relays[link.name] = node
             return
         route = self.routes.get(address)
         refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
@@ -162,11 +192,22 @@ class Gateway:
             why = f"{downstream.user or 'an anonymous peer'} may not use {route.public!r}"
             self._refuse(downstream, link, half, UNAUTHORIZED_ACCESS, why)
             return
-        pair = downstream.relays[link.name] = PairRelay(downstream, route, link.name, link)
+        lease = self._lease(downstream, link, half)
+        if lease is None:
+            return
+        pair = downstream.relays[link.name] = PairRelay(downstream, route, link.name, link, lease)
         release = conn.hold_input()
         self.start_soon(
             pair.open, self.upstreams[route.public], self.config.attach_timeout, release
         )
+
+    def _lease(self, downstream: Downstream, link: Link, half: PairHalf) -> PairLease | None:
+        """A place for a new pair, or None with the link refused: ``max_pairs`` are carried."""
+        lease = self.pairs.take()
+        if lease is None:
+            why = f"this gateway carries its maximum of {self.pairs.limit} pairs; try later"
+            self._refuse(downstream, link, half, RESOURCE_LIMIT_EXCEEDED, why)
+        return lease
 
     def _refuse(
         self, downstream: Downstream, link: Link, half: PairHalf, condition: str, why: str

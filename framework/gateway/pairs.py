@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 import structlog
 import trio
 
-from framework.amqp.errors import DETACH_FORCED, PRECONDITION_FAILED
+from framework.amqp.errors import DETACH_FORCED, INTERNAL_ERROR, PRECONDITION_FAILED
 from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Error, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
+from framework.amqp.session import Session
 from framework.gateway.config import Route
 from framework.gateway.relay import EndOwner, Hop, RelayEnd
 from framework.gateway.upstream import Upstream, UpstreamUnavailable
@@ -35,6 +36,37 @@ log = structlog.get_logger("pairlink.gateway")
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream
 pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
+
+
+class PairBudget:
+    """The pairs a gateway carries now, against its ``max_pairs``: each pair a peer attaches,
+    and each next hop a routing node pairs with, holds a :class:`PairLease` while it lives."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> PairLease | None:
+        """A place for one more pair, or None when all ``limit`` are taken."""
+        if self.used >= self.limit:
+            return None
+        self.used += 1
+        return PairLease(self)
+
+
+class PairLease:
+    """One pair's place in a :class:`PairBudget`. ``release`` may be called by every way the
+    pair can end (its links, its connection, its set-up failing): only the first counts."""
+
+    __slots__ = ("_budget",)
+
+    def __init__(self, budget: PairBudget) -> None:
+        self._budget: PairBudget | None = budget
+
+    def release(self) -> None:
+        if self._budget is not None:
+            self._budget.used -= 1
+            self._budget = None
 
 
 def scrubbed(error: Error, route: Route) -> Error:
@@ -96,7 +128,7 @@ class UpstreamPair:
         returns why it failed, None when it is up."""
         try:
             with trio.move_on_after(within) as scope:
-                self._attach(await upstream.connection())
+                self._attach(*await upstream.place())
                 await self._until(self._settled)
                 if self.failure is None:
                     with trio.move_on_after(CREDIT_WAIT):
@@ -109,13 +141,11 @@ class UpstreamPair:
             )
         return self.failure
 
-    def _attach(self, conn: AmqpConnection) -> None:
-        engine = conn.engine
-        session = conn.session
+    def _attach(self, conn: AmqpConnection, session: Session) -> None:
         name = conn.link_name("gw")
         address = self.route.address
-        sender = engine.attach(
-            session,
+        sender = conn.attach(
+            session=session,
             name=name,
             role=ROLE_SENDER,
             source=Source(address=name),
@@ -123,8 +153,8 @@ class UpstreamPair:
             snd_settle_mode=self.snd_settle_mode,
             properties=paired_properties(),
         )
-        receiver = engine.attach(
-            session,
+        receiver = conn.attach(
+            session=session,
             name=name,
             role=ROLE_RECEIVER,
             source=Source(address=address),
@@ -135,11 +165,10 @@ class UpstreamPair:
         )
         self.sender = RelayEnd(conn, sender, self.owner)
         self.receiver = RelayEnd(conn, receiver, self.owner)
-        conn.kick()
         log.debug("upstream.pair", public=self.route.public, conn=conn.id, link=name)
 
     def _has_credit(self) -> bool:
-        return self.sender is not None and self.sender.usable and self.sender.link.link_credit > 0
+        return self.sender is not None and self.sender.usable and self.sender.link.usable_credit > 0
 
     def _settled(self) -> bool:
         """Both halves answered and none refused, or the pair failed."""
@@ -166,9 +195,13 @@ class UpstreamPair:
         if self.failure is None:
             self.failure = error
             log.info("upstream.pair_refused", public=self.route.public, condition=error.condition)
-            for end in (self.sender, self.receiver):
-                if end is not None:
-                    end.detach(error)
+            self.detach(error)
+
+    def detach(self, error: Error | None) -> None:
+        """Detach both ends (those attached so far), closing them with ``error``."""
+        for end in (self.sender, self.receiver):
+            if end is not None:
+                end.detach(error)
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
         while not predicate():
@@ -179,10 +212,13 @@ class UpstreamPair:
 class PairRelay:
     """One downstream pair (link ``name`` on ``downstream``) and its upstream pair."""
 
-    def __init__(self, downstream: Downstream, route: Route, name: str, first: Link) -> None:
+    def __init__(
+        self, downstream: Downstream, route: Route, name: str, first: Link, lease: PairLease
+    ) -> None:
         self.downstream = downstream
         self.route = route
         self.name = name
+        self.lease = lease
         self.requests = Hop()  # downstream requester's sender -> upstream
         self.replies = Hop()  # upstream -> downstream requester's receiver
         self.halves: dict[bool, PairHalf] = {}  # by our role on the downstream link
@@ -211,6 +247,9 @@ class PairRelay:
         connection's input flow again, whatever happened."""
         try:
             self.failure = await self.upstream.open(upstream, within)
+        except Exception:  # a bug of ours: this pair fails, the gateway's task logs it
+            self.failure = Error(INTERNAL_ERROR, "the gateway could not pair upstream")
+            raise
         except BaseException:  # cancelled: the gateway is stopping
             self.failure = Error(DETACH_FORCED, "the gateway is shutting down")
             raise
@@ -227,20 +266,18 @@ class PairRelay:
     def _answer(self) -> None:
         """Answer the downstream halves that wait: as the upstream pair went."""
         conn = self.downstream.conn
-        if conn.closed.is_set():
+        if conn.closed.is_set():  # the requester left while we paired: nobody to relay for
             self.unanswered.clear()
+            if self.ready:
+                self.upstream.detach(None)
         while self.unanswered:
             role, link = self.unanswered.popitem()
             if self.failure is not None:
                 conn.refuse(link, self.failure)
                 continue
-            remote = link.remote_attach
-            assert remote is not None
             if role == ROLE_RECEIVER:
-                conn.engine.answer_attach(
+                conn.answer_attach(
                     link,
-                    source=remote.source,
-                    target=remote.target,
                     properties=paired_properties(),
                     rcv_settle_mode=RCV_FIRST,
                 )
@@ -249,18 +286,19 @@ class PairRelay:
             else:
                 upstream = self.replies.inbound
                 up_attach = upstream.link.remote_attach if upstream is not None else None
-                conn.engine.answer_attach(
+                conn.answer_attach(
                     link,
-                    source=remote.source,
-                    target=remote.target,
                     properties=paired_properties(),
                     snd_settle_mode=up_attach.snd_settle_mode if up_attach else SND_MIXED,
                 )
                 self.replies.outbound = RelayEnd(conn, link, self)
                 self.replies.mirror_credit()
-            conn.kick()
         if self.failure is not None and len(self.halves) == 2:
             self.downstream.forget(self)
+
+    def release(self) -> None:
+        """The pair is over, or its connection is: it no longer counts against ``max_pairs``."""
+        self.lease.release()
 
     # -- link events (EndOwner) ------------------------------------------------------------
 
@@ -281,6 +319,9 @@ class PairRelay:
         hop = self._hop_of(end)
         if end is hop.outbound:
             hop.pump()
+            hop.answer_drain()
+            hop.mirror_credit()
+        elif end is hop.inbound:  # it answered a drain: grant what the other side allows
             hop.mirror_credit()
 
     def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None:

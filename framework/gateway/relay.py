@@ -26,7 +26,7 @@ import attrs
 import structlog
 import trio
 
-from framework.amqp.errors import DecodeError, LocalProtocolError
+from framework.amqp.errors import DecodeError
 from framework.amqp.link import Delivery, Link, LinkState
 from framework.amqp.messaging import Error, Modified, Released, with_ttl_reduced
 from framework.endpoints import Endpoint
@@ -74,10 +74,7 @@ class RelayEnd(Endpoint):
 
     def detach(self, error: Error | None) -> None:
         """Detach our end (closed) with ``error``, unless it is over already."""
-        attached = self.link.state in (LinkState.ATTACHED, LinkState.ATTACH_SENT)
-        if attached and not self.conn.closed.is_set():
-            self.conn.engine.detach(self.link, closed=True, error=error)
-            self.conn.kick()
+        self.conn.detach(self.link, error=error)
 
     def ending_error(self) -> Error | None:
         """The error this end went with: its detach's, else (it went with its session or
@@ -110,18 +107,30 @@ class Hop:
 
     def outbound_credit(self) -> int:
         out = self.outbound
-        return out.link.link_credit if out is not None and out.usable else 0
+        return out.link.usable_credit if out is not None and out.usable else 0
 
     def mirror_credit(self, credit: int | None = None) -> None:
-        """Grant ``inbound`` what ``outbound`` may take (or ``credit``), less what waits."""
+        """Grant ``inbound`` what ``outbound`` may take (or ``credit``), less what waits.
+        Credit it should no longer have is taken back with a drain, never by lowering it: a
+        transfer already on its way under the old credit would be refused (the container
+        takes credit back the same way); what such transfers bring waits here, as granted."""
         inbound = self.inbound
         if inbound is None or not inbound.usable:
             return
         want = self.outbound_credit() if credit is None else credit
         want = max(0, want - len(self.waiting))
-        if want != inbound.link.link_credit:
-            inbound.conn.engine.flow(inbound.link, want)
-            inbound.conn.kick()
+        have = inbound.link.link_credit
+        if want > have:
+            inbound.conn.flow(inbound.link, want)
+        elif want < have and not inbound.link.drain:  # one drain at a time
+            inbound.conn.flow(inbound.link, have, drain=True)
+
+    def answer_drain(self) -> None:
+        """``outbound``'s receiver asked to drain and nothing waits here to use its credit:
+        say so (Part 2 §2.6.7); ``mirror_credit`` then takes the credit back upstream."""
+        out = self.outbound
+        if out is not None and out.usable and out.link.drain and not self.waiting:
+            out.conn.complete_drain(out.link)
 
     # -- messages --------------------------------------------------------------------------
 
@@ -143,14 +152,13 @@ class Hop:
         assert out is not None
         try:
             payload = with_ttl_reduced(payload, int(waited * 1000))
-            sent = out.conn.engine.send(out.link, payload, settled=delivery.settled)
-        except (DecodeError, LocalProtocolError) as exc:
+            sent = out.conn.send(out.link, payload, settled=delivery.settled)
+        except (DecodeError, PairlinkError) as exc:
             log.warning("relay.unforwardable", link=out.link.name, error=str(exc))
             self._settle_inbound(delivery, Modified(delivery_failed=True, undeliverable_here=True))
             return
         if not delivery.settled:
             self.forwarded[sent] = delivery
-        out.conn.kick()
 
     def outcome(self, sent: Delivery) -> None:
         """``outbound``'s receiver decided on ``sent``: say the same on ``inbound``."""
@@ -161,15 +169,16 @@ class Hop:
             return
         self._settle_inbound(delivery, sent.remote_state)
         out = self.outbound
-        if not sent.settled and out is not None and out.usable:
-            out.conn.engine.settle(sent, sent.remote_state)
-            out.conn.kick()
+        if out is not None and out.usable:
+            out.conn.settle(sent, sent.remote_state)
+            if out.link.unsettled >= out.link.max_unsettled - 1:  # that made room: use it
+                self.pump()
+                self.mirror_credit()
 
     def _settle_inbound(self, delivery: Delivery, state: object) -> None:
         inbound = self.inbound
-        if not delivery.settled and inbound is not None and inbound.usable:
-            inbound.conn.engine.settle(delivery, state)
-            inbound.conn.kick()
+        if inbound is not None and inbound.usable:
+            inbound.conn.settle(delivery, state)
 
     def abandon(self) -> None:
         """``outbound`` is gone: release what never left, and report what left without an

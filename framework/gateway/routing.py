@@ -17,12 +17,18 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, UNAUTHORIZED_ACCESS, DecodeError
+from framework.amqp.errors import (
+    INVALID_FIELD,
+    NOT_FOUND,
+    RESOURCE_LIMIT_EXCEEDED,
+    UNAUTHORIZED_ACCESS,
+    DecodeError,
+)
 from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Error, Message, Rejected
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER
 from framework.gateway.config import Route
-from framework.gateway.pairs import UpstreamPair, admit_half, upstream_ending
+from framework.gateway.pairs import PairLease, UpstreamPair, admit_half, upstream_ending
 from framework.gateway.relay import Hop, RelayEnd
 from framework.linkpair import PairHalf, paired_properties
 
@@ -37,8 +43,11 @@ ROUTING_CREDIT = 100
 class _Leg:
     """The upstream pair one routing node uses for one route."""
 
-    def __init__(self, route: Route, node: RoutingRelay, snd_settle_mode: int) -> None:
+    def __init__(
+        self, route: Route, node: RoutingRelay, snd_settle_mode: int, lease: PairLease
+    ) -> None:
         self.route = route
+        self.lease = lease
         self.upstream = UpstreamPair(route, node, snd_settle_mode)
         self.requests = Hop(inbound=node.inbound)
         self.replies = Hop(outbound=node.outbound)
@@ -48,9 +57,10 @@ class _Leg:
 class RoutingRelay:
     """A downstream pair with anonymous termini (link ``name``) and its legs by route."""
 
-    def __init__(self, downstream: Downstream, name: str, first: Link) -> None:
+    def __init__(self, downstream: Downstream, name: str, first: Link, lease: PairLease) -> None:
         self.downstream = downstream
         self.name = name
+        self.lease = lease
         self.halves: dict[bool, PairHalf] = {}
         self.inbound: RelayEnd | None = None  # the requester's sender: requests
         self.outbound: RelayEnd | None = None  # the requester's receiver: replies
@@ -66,13 +76,9 @@ class RoutingRelay:
         conn = self.downstream.conn
         if not admit_half(conn, link, self.halves):
             return
-        remote = link.remote_attach
-        assert remote is not None
         if link.role == ROLE_RECEIVER:
-            conn.engine.answer_attach(
+            conn.answer_attach(
                 link,
-                source=remote.source,
-                target=remote.target,
                 properties=paired_properties(),
                 rcv_settle_mode=RCV_FIRST,
             )
@@ -81,13 +87,10 @@ class RoutingRelay:
                 leg.requests.inbound = self.inbound
             self._grant()
         else:
-            conn.engine.answer_attach(
-                link, source=remote.source, target=remote.target, properties=paired_properties()
-            )
+            conn.answer_attach(link, properties=paired_properties())
             self.outbound = RelayEnd(conn, link, self)
             for leg in self.legs.values():
                 leg.replies.outbound = self.outbound
-        conn.kick()
 
     # -- requests --------------------------------------------------------------------------
 
@@ -98,8 +101,7 @@ class RoutingRelay:
             return
         waiting = sum(len(leg.requests.waiting) for leg in self.legs.values())
         if inbound.link.link_credit + waiting <= ROUTING_CREDIT // 2:
-            inbound.conn.engine.flow(inbound.link, ROUTING_CREDIT - waiting)
-            inbound.conn.kick()
+            inbound.conn.flow(inbound.link, ROUTING_CREDIT - waiting)
 
     def _route(self, delivery: Delivery, payload: bytes) -> None:
         try:
@@ -118,7 +120,12 @@ class RoutingRelay:
             return
         leg = self.legs.get(route.public)
         if leg is None:
-            leg = _Leg(route, self, self.snd_settle_mode)
+            lease = gateway.pairs.take()
+            if lease is None:
+                why = f"this gateway carries its maximum of {gateway.pairs.limit} pairs"
+                self._unroutable(delivery, RESOURCE_LIMIT_EXCEEDED, why)
+                return
+            leg = _Leg(route, self, self.snd_settle_mode, lease)
             self.legs[route.public] = leg
             gateway.start_soon(self._open_leg, leg)
         leg.requests.arrive(delivery, payload)
@@ -130,17 +137,17 @@ class RoutingRelay:
         if delivery.settled:  # no outcome can be said: the link goes, with the reason
             inbound.detach(Error(condition, why))
         else:
-            inbound.conn.engine.settle(delivery, Rejected(error=Error(condition, why)))
-            inbound.conn.kick()
+            inbound.conn.settle(delivery, Rejected(error=Error(condition, why)))
 
     async def _open_leg(self, leg: _Leg) -> None:
         gateway = self.downstream.gateway
         upstream = gateway.upstreams[leg.route.public]
         failure = await leg.upstream.open(upstream, gateway.config.attach_timeout)
-        if self.legs.get(leg.route.public) is not leg:
+        if self.legs.get(leg.route.public) is not leg:  # the node ended while it opened
+            leg.upstream.detach(None)
             return
         if failure is not None:
-            del self.legs[leg.route.public]
+            self._drop_leg(leg)
             self._fail_waiting(leg, failure)
             return
         leg.ready = True
@@ -149,6 +156,17 @@ class RoutingRelay:
         leg.requests.pump()
         leg.replies.mirror_credit()
         self._grant()
+
+    def _drop_leg(self, leg: _Leg) -> None:
+        del self.legs[leg.route.public]
+        leg.lease.release()
+
+    def release(self) -> None:
+        """The node is over, or its connection is: neither it nor its legs count against
+        ``max_pairs`` any more."""
+        self.lease.release()
+        for leg in self.legs.values():
+            leg.lease.release()
 
     def _fail_waiting(self, leg: _Leg, error: Error) -> None:
         while leg.requests.waiting:
@@ -173,6 +191,9 @@ class RoutingRelay:
         if end is self.outbound:
             for leg in self.legs.values():
                 leg.replies.pump()
+            if not any(leg.replies.waiting for leg in self.legs.values()):
+                end.conn.complete_drain(end.link)  # a no-op unless the caller drains
+            for leg in self.legs.values():
                 leg.replies.mirror_credit()
             return
         found = self._leg_of(end)
@@ -182,7 +203,10 @@ class RoutingRelay:
         leg.upstream.changed()
         if leg.ready and end is leg.requests.outbound:
             leg.requests.pump()
+            leg.requests.answer_drain()
             self._grant()
+        elif leg.ready and end is leg.replies.inbound:  # it answered a drain
+            leg.replies.mirror_credit()
 
     def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None:
         if end is self.inbound:
@@ -211,8 +235,8 @@ class RoutingRelay:
                     if upstream_end is not None:
                         upstream_end.detach(end.ending_error())
             if not any(e is not None and e.usable for e in (self.inbound, self.outbound)):
+                self.downstream.forget(self)  # which releases the legs' places too
                 self.legs.clear()
-                self.downstream.forget(self)
             return
         found = self._leg_of(end)
         if found is None:
@@ -222,7 +246,7 @@ class RoutingRelay:
         if not leg.ready:
             return
         # a leg is over: what it owed is released, and the next request for it opens anew
-        del self.legs[leg.route.public]
+        self._drop_leg(leg)
         error = upstream_ending(end, leg.route)
         leg.requests.abandon()
         leg.replies.abandon()

@@ -15,6 +15,7 @@ bytes, never on logs.
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,10 +23,15 @@ from typing import Any
 import attrs
 import trio
 
+from framework import transport, wire
 from framework.amqp.framing import FrameReader
 from framework.amqp.messaging import Message, bare_message_span
 from framework.amqp.performatives import Attach, Detach, Transfer
+from framework.amqp.session import Session
+from framework.endpoints import Receiver, Sender
 from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
+from framework.gateway.config import MAX_PAIRS
+from framework.linkpair import paired_properties
 from framework.service import handler, hosted, open_server, service
 from services.echo import Echo
 
@@ -382,7 +388,7 @@ def free_port() -> int:
         return port
 
 
-def gn_config(upstream: str, *, idle_timeout: float) -> GatewayConfig:
+def gn_config(upstream: str, *, idle_timeout: float, max_pairs: int = MAX_PAIRS) -> GatewayConfig:
     def route(public: str) -> Route:
         return Route(
             public=public,
@@ -400,6 +406,7 @@ def gn_config(upstream: str, *, idle_timeout: float) -> GatewayConfig:
         container_id="gn",
         idle_timeout=idle_timeout,
         attach_timeout=5.0,
+        max_pairs=max_pairs,
     )
 
 
@@ -421,21 +428,25 @@ def go_config(upstream: str, *, idle_timeout: float) -> GatewayConfig:
 
 @asynccontextmanager
 async def open_chain(
-    *, co_port: int | None = None, idle_timeout: float = 5.0
+    *,
+    co_port: int | None = None,
+    idle_timeout: float = 5.0,
+    gn_max_pairs: int = MAX_PAIRS,
+    echo_mailbox: int | None = None,
 ) -> AsyncIterator[Chain]:
     """The whole chain, torn down when the block ends. CO (echo at ``INTERNAL``, :class:`Slow`
     at ``SLOW_INTERNAL``) runs here unless ``co_port`` says where a CO of the test's own
-    listens (or will)."""
+    listens (or will); ``echo_mailbox`` sizes its echo's mailbox (None: the default)."""
     async with trio.open_nursery() as nursery:
         slow = Slow()
         if co_port is None:
-            co = await _start_co(nursery, slow)
+            co = await _start_co(nursery, slow, echo_mailbox)
             co_port = co
         go_co: ByteTap = await nursery.start(ByteTap("go-co", co_port).run)
         go = GatewayTask(go_config(go_co.url, idle_timeout=idle_timeout))
         await go.start(nursery)
         gn_go: ByteTap = await nursery.start(ByteTap("gn-go", go.port).run)
-        gn = GatewayTask(gn_config(gn_go.url, idle_timeout=idle_timeout))
+        gn = GatewayTask(gn_config(gn_go.url, idle_timeout=idle_timeout, max_pairs=gn_max_pairs))
         await gn.start(nursery)
         client_gn: ByteTap = await nursery.start(ByteTap("client-gn", gn.port).run)
         try:
@@ -448,10 +459,10 @@ async def open_chain(
             nursery.cancel_scope.cancel()
 
 
-async def _start_co(nursery: trio.Nursery, slow: Slow) -> int:
+async def _start_co(nursery: trio.Nursery, slow: Slow, echo_mailbox: int | None) -> int:
     async def serve(*, task_status: trio.TaskStatus[int]) -> None:
         async with open_server(
-            hosted(Echo, address=INTERNAL),
+            hosted(Echo, address=INTERNAL, mailbox=echo_mailbox),
             slow,
             listen=f"amqp://{LOOPBACK}:0",
             container_id="co",
@@ -465,6 +476,40 @@ async def _start_co(nursery: trio.Nursery, slow: Slow) -> int:
 
 
 # -- small helpers for the tests ------------------------------------------------------------
+
+
+def attach_pair(
+    conn: transport.AmqpConnection,
+    name: str,
+    *,
+    address: str | None = PUBLIC,
+    session: Session | None = None,
+    credit: int = 1,
+) -> tuple[Sender, Receiver]:
+    """Attach a pair by hand (LP-3: one name, own addresses mirrored), pipelined, no wait;
+    its receiver grants ``credit`` for replies."""
+    sender = conn.open_sender(
+        address, name=name, source_address=name, properties=paired_properties(), session=session
+    )
+    receiver = conn.open_receiver(
+        address,
+        name=name,
+        target_address=name,
+        properties=paired_properties(),
+        session=session,
+        credit=credit,
+    )
+    return sender, receiver
+
+
+async def echo_on(sender: Sender, receiver: Receiver, value: Any, deadline: float = 30) -> Any:
+    """One echo call on a hand-made pair, its request expiring ``deadline`` seconds from
+    now: its reply's value."""
+    request = wire.request_message(
+        "echo", [value], {}, message_id=f"echo-{value}", now=time.time(), timeout=deadline
+    )
+    await sender.send(request, settled=True)
+    return wire.parse_reply((await receiver.receive()).message)
 
 
 async def wait_until(condition: Any, within: float = 5.0, step: float = 0.005) -> None:

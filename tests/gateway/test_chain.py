@@ -22,7 +22,7 @@ import pytest
 import trio
 from proton import Message as ProtonMessage
 
-from framework import transport, wire
+from framework import net, transport, wire
 from framework.amqp import errors as conditions
 from framework.amqp.messaging import Accepted, Error, Message, Rejected
 from framework.amqp.performatives import (
@@ -325,7 +325,7 @@ async def test_lp11_upstream_refusal_reaches_the_client(chain: Chain) -> None:
 
 
 async def test_lp11_non_paired_attach_is_not_implemented(chain: Chain) -> None:
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         sender = conn.open_sender(PUBLIC, name="plain-sender", source_address="plain-here")
         with trio.fail_after(10), pytest.raises(LinkDetachedError) as caught:
             await sender.take_credit()  # no credit ever comes; the link's end wakes us
@@ -348,7 +348,7 @@ def routed_request(i: int, to: str | None, operation: str = "echo") -> Message:
 async def test_lp9_routing_node_routes_each_message_by_its_to(chain: Chain) -> None:
     chain.slow.gate.set()  # the slow service answers at once here
     name, here = "anonymous-pair", "anonymous-here"
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         sender = conn.open_sender(
             None, name=name, source_address=here, properties=paired_properties()
         )
@@ -393,7 +393,7 @@ async def test_lp9_routing_node_routes_each_message_by_its_to(chain: Chain) -> N
 
 
 async def test_lp9_unroutable_to_is_rejected_with_not_found(chain: Chain) -> None:
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         sender = conn.open_sender(
             None, name="anon", source_address="anon-here", properties=paired_properties()
         )
@@ -416,7 +416,7 @@ async def test_lp9_unroutable_to_is_rejected_with_not_found(chain: Chain) -> Non
 async def test_lp9_unroutable_presettled_message_detaches_the_node_with_not_found(
     chain: Chain,
 ) -> None:
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         sender = conn.open_sender(
             None, name="anon", source_address="anon-here", properties=paired_properties()
         )
@@ -435,7 +435,7 @@ async def test_lp9_unroutable_presettled_message_detaches_the_node_with_not_foun
 
 async def test_lp11_outcomes_flow_end_to_end(chain: Chain) -> None:
     """Unsettled requests are settled downstream with the outcome CO gave, never before."""
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         name = "outcome-pair"
         sender = conn.open_sender(
             PUBLIC, name=name, source_address=name, properties=paired_properties()
@@ -481,10 +481,10 @@ async def paired_round_trip(conn: transport.AmqpConnection, name: str) -> tuple[
 
 async def test_lp11_detach_propagates_upstream_with_its_error(chain: Chain) -> None:
     gone = Error(condition="com.example:client-gone", description="the caller went away")
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         sender, receiver = await paired_round_trip(conn, "closing-pair")
-        await sender.close(gone)
-        await receiver.close(gone)
+        sender.close(gone)
+        receiver.close(gone)
         with trio.fail_after(10):
             for tap, address in ((chain.gn_go, PUBLIC), (chain.go_co, INTERNAL)):
                 handles = {a.handle for a in pair_attaches(tap.up(), address)}
@@ -503,7 +503,7 @@ async def test_lp11_a_close_with_an_error_propagates_upstream_as_the_pairs_detac
     chain: Chain,
 ) -> None:
     closing = Error(condition="amqp:connection:forced", description="client shutting down")
-    async with transport.connect(chain.url, container_id=CLIENT_ID) as conn:
+    async with net.connect(chain.url, container_id=CLIENT_ID) as conn:
         await paired_round_trip(conn, "closed-with-error")
         await conn.close(closing)
     with trio.fail_after(10):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from framework.gateway.config import (
+    MAX_PAIRS,
     ConfigError,
     GatewayConfig,
     Route,
@@ -16,6 +17,7 @@ from framework.gateway.config import (
     parse_config,
 )
 from framework.gateway.toml_lines import KeyLines, dotted
+from framework.limits import Limits
 from tests.tls import TlsFiles
 
 ENV = {"GN_APPS_PASSWORD": "apps-secret", "GN_OPS_PASSWORD": "ops-secret", "GN_UP": "up-secret"}
@@ -95,6 +97,51 @@ def test_the_smallest_config_takes_the_defaults() -> None:
     assert parse(MINIMAL, {}) == GatewayConfig(
         listen="amqp://h", routes=(Route("a", "amqp://h", "b"),)
     )
+
+
+def test_max_pairs_is_read_and_defaults_to_max_pairs() -> None:
+    assert parse("max_pairs = 25_000\n" + MINIMAL, {}).max_pairs == 25_000
+    assert parse("max_pairs = 1\n" + MINIMAL, {}).max_pairs == 1
+    assert parse(MINIMAL, {}).max_pairs == MAX_PAIRS == 10_000
+
+
+def test_limits_are_read_and_default_to_the_documented_constants() -> None:
+    text = (
+        "[limits]\nhandshake_timeout = 2\nmax_connections = 50\nmax_outgoing_bytes = 1_048_576\n"
+        "login_penalty = 0.5\nmax_message_size = 65536\nmax_incomplete_bytes = 131072\n"
+        "max_unsettled = 64\nmax_decoded_elements = 1000\nhandle_max = 31\n"
+    )
+    limits = parse(MINIMAL + text, {}).limits
+    assert limits == Limits(
+        handshake_timeout=2.0,
+        max_connections=50,
+        max_outgoing_bytes=1 << 20,
+        login_penalty=0.5,
+        max_message_size=65536,
+        max_incomplete_bytes=131072,
+        max_unsettled=64,
+        max_decoded_elements=1000,
+        handle_max=31,
+    )
+    assert parse(MINIMAL, {}).limits == Limits()
+    options = limits.listen_options()
+    assert options["max_connections"] == 50 and options["handle_max"] == 31
+    assert options["login_throttle"].penalty == 0.5
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        ("max_conections = 5", "unknown key (known here: handshake_timeout"),
+        ("max_connections = 0", "0 is not a positive number of connections"),
+        ('max_outgoing_bytes = "16M"', "expected a number of bytes (an integer), got a string"),
+        ("handshake_timeout = -1", "-1 is not a positive number of seconds"),
+    ],
+)
+def test_limit_mistakes_are_refused_with_their_line_and_key(line: str, problem: str) -> None:
+    key = line.split(" = ")[0]
+    message = refusal(MINIMAL + "[limits]\n" + line + "\n", {})
+    assert message.startswith(f"gn.toml:7: limits.{key}: {problem}"), message
 
 
 def replace(old: str, new: str) -> str:
@@ -232,6 +279,41 @@ REFUSALS = [
         "attach_timeout",
         "inf is not a positive",
         id="seconds-infinite",
+    ),
+    pytest.param(
+        replace("attach_timeout = 2.5", 'attach_timeout = 2.5\nmax_pairs = "10k"'),
+        5,
+        "max_pairs",
+        "expected a number of pairs (an integer), got a string",
+        id="wrong-type-max-pairs",
+    ),
+    pytest.param(
+        replace("attach_timeout = 2.5", "attach_timeout = 2.5\nmax_pairs = 2500.0"),
+        5,
+        "max_pairs",
+        "expected a number of pairs (an integer), got a number",
+        id="max-pairs-not-whole",
+    ),
+    pytest.param(
+        replace("attach_timeout = 2.5", "attach_timeout = 2.5\nmax_pairs = true"),
+        5,
+        "max_pairs",
+        "got a boolean",
+        id="wrong-type-boolean-max-pairs",
+    ),
+    pytest.param(
+        replace("attach_timeout = 2.5", "attach_timeout = 2.5\nmax_pairs = 0"),
+        5,
+        "max_pairs",
+        "0 is not a positive number of pairs",
+        id="max-pairs-zero",
+    ),
+    pytest.param(
+        replace("attach_timeout = 2.5", "attach_timeout = 2.5\nmax_pairs = -3"),
+        5,
+        "max_pairs",
+        "-3 is not a positive number of pairs",
+        id="max-pairs-negative",
     ),
     pytest.param(
         'listen = "amqp://h"\nroute = "billing"\n',
