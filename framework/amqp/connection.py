@@ -6,7 +6,8 @@ enters only as numbers the caller passes (``tick(now)``, and ``now`` with the by
 detection knows when input really came). Anything illegal the peer sends is answered by a
 ``close`` carrying the right error condition and reported as a ``ProtocolViolation``: nothing
 raised by bad input escapes ``receive_data``, and what a peer can make the engine hold has a
-bound in ``ConnectionConfig``. Protocol headers and SASL are handshake.py's.
+bound in ``ConnectionConfig``. Protocol headers and SASL are handshake.py's; sessions by channel
+and the session and link performatives of the peer are channels.py's.
 
 Pipelining is allowed where the spec allows it: frames queued before the peer's protocol
 header, SASL outcome or open arrive are held and written in order as soon as the AMQP header
@@ -18,26 +19,19 @@ from __future__ import annotations
 from typing import Any
 
 from . import errors
+from .channels import DISPATCH, Channels
 from .config import ConnectionConfig
 from .errors import LocalProtocolError, RemoteProtocolError
 from .events import (
     ConnectionClosed,
     ConnectionOpened,
-    DeliveryUpdated,
     Event,
-    LinkAttached,
-    LinkAttachRequested,
-    LinkDetached,
-    LinkFlow,
-    MessageReceived,
     ProtocolViolation,
-    SessionBegun,
-    SessionEnded,
     TransportFailed,
 )
 from .framing import AMQP_HEADER, FRAME_AMQP, HEARTBEAT, Frame, FrameReader, encode_frame
 from .handshake import Handshake, Phase
-from .link import UINT_MAX, Delivery, IncomingBytes, Link, LinkError, LinkState
+from .link import UINT_MAX, Delivery, IncomingBytes, Link, LinkState
 from .liveness import Due, Liveness
 from .messaging import Error, Source, Target
 from .performatives import (
@@ -45,13 +39,8 @@ from .performatives import (
     RCV_FIRST,
     SND_MIXED,
     SND_SETTLED,
-    Attach,
-    Begin,
     Close,
     Detach,
-    Disposition,
-    End,
-    Flow,
     Open,
     Transfer,
 )
@@ -69,10 +58,11 @@ class Connection:
         self.initiator = initiator
         self.remote_open: Open | None = None
         self.transport_done = False
-        self.sessions: dict[int, Session] = {}
-        self._remote_sessions: dict[int, Session] = {}
         self._reader = FrameReader(config.max_frame_size, config.max_decoded_elements)
         self._incoming = IncomingBytes(config.max_incomplete_bytes)
+        self._channels = Channels(
+            config, self._incoming, self._write, self.detach, self._pause_input
+        )
         self._out = bytearray()
         self._held = bytearray()  # frames queued before our AMQP header may be written
         self._handshake = Handshake(config.sasl, initiator=initiator, out=self._out)
@@ -81,8 +71,6 @@ class Connection:
         self._close_sent = False
         self._close_received = False
         self._peer_max_frame = MIN_MAX_FRAME_SIZE  # until the peer's open says otherwise
-        self._dirty_sessions: set[Session] = set()  # sessions with queued dispositions
-        self._refill: set[Session] = set()  # sessions whose incoming window runs low
         self._liveness = Liveness(config.idle_timeout)
         self.next_deadline: float | None = None
         self.input_paused = False  # True after a LinkAttachRequested: answer, then resume
@@ -92,6 +80,11 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._close_sent or self._close_received or self._handshake.phase is Phase.DONE
+
+    @property
+    def sessions(self) -> dict[int, Session]:
+        """Our sessions by our channel."""
+        return self._channels.sessions
 
     @property
     def sasl_identity(self) -> str | None:
@@ -114,7 +107,7 @@ class Connection:
     @property
     def has_output(self) -> bool:
         """Whether ``data_to_send`` has anything (frames, or dispositions still to write)."""
-        return bool(self._out) or bool(self._dirty_sessions)
+        return bool(self._out) or bool(self._channels.dirty)
 
     @property
     def output_size(self) -> int:
@@ -129,7 +122,7 @@ class Connection:
 
         ``now`` (the caller's clock) dates the write for the heartbeat schedule at once,
         instead of at the next ``tick``."""
-        self._flush_all_dispositions()
+        self._channels.flush_dispositions()
         if not self._out:
             return b""
         data = bytes(self._out)
@@ -148,12 +141,6 @@ class Connection:
         self._out += self._held
         self._held.clear()
         self._amqp_out = True
-
-    def _session_writer(self, session: Session) -> Any:
-        def write(performative: Any, payload: bytes | memoryview) -> None:
-            self._write(session.channel, performative, payload)
-
-        return write
 
     # -- connection actions ----------------------------------------------------------------
 
@@ -182,7 +169,7 @@ class Connection:
             return
         if not self._open_sent:
             self.open()  # a close must follow an open (§2.4.1)
-        self._flush_all_dispositions()
+        self._channels.flush_dispositions()
         self._write(0, Close(error=error))
         self._close_sent = True
         if self._close_received:
@@ -197,51 +184,15 @@ class Connection:
 
     def begin(self) -> Session:
         self._check_usable()
-        channel = self._free_channel()
+        channel = self._channels.free()
         if channel is None:
             raise LocalProtocolError(errors.RESOURCE_LIMIT_EXCEEDED, "no free channel")
-        session = self._new_session(channel, SessionState.BEGIN_SENT)
+        session = self._channels.new(channel, SessionState.BEGIN_SENT)
         self._write(channel, session.begin_frame())
         return session
 
     def end(self, session: Session, error: Error | None = None) -> None:
-        if session.state in (SessionState.END_SENT, SessionState.ENDED):
-            return
-        session.flush_dispositions()
-        self._dirty_sessions.discard(session)
-        session.state = SessionState.END_SENT
-        self._write(session.channel, End(error=error))
-
-    def _new_session(self, channel: int, state: SessionState) -> Session:
-        session = Session(
-            channel,
-            self._write_placeholder,
-            state,
-            incoming_window_size=self.config.session_window,
-            handle_max=self.config.handle_max,
-            incoming=self._incoming,
-        )
-        session.write = self._session_writer(session)
-        self.sessions[channel] = session
-        return session
-
-    @staticmethod
-    def _write_placeholder(_performative: Any, _payload: bytes | memoryview) -> None:
-        raise AssertionError("session writer not bound")
-
-    def _channel_limit(self) -> int:
-        """The highest channel of ours: within our channel-max and the peer's (§2.7.1)."""
-        limit = self.config.channel_max
-        if self.remote_open is not None:
-            limit = min(limit, self.remote_open.channel_max)
-        return limit
-
-    def _free_channel(self) -> int | None:
-        """The lowest channel free for a session of ours, None if every one is taken."""
-        for channel in range(self._channel_limit() + 1):
-            if channel not in self.sessions:
-                return channel
-        return None
+        self._channels.end(session, error)
 
     def _check_usable(self) -> None:
         if self.closed:
@@ -418,12 +369,7 @@ class Connection:
         """Declare ``state`` for a delivery (and settle it); dispositions go out in ranges."""
         session = delivery.link.session
         session.settle(delivery, state, settled)
-        self._dirty_sessions.add(session)
-
-    def _flush_all_dispositions(self) -> None:
-        for session in self._dirty_sessions:
-            session.flush_dispositions()
-        self._dirty_sessions.clear()
+        self._channels.dirty.add(session)
 
     # -- time ------------------------------------------------------------------------------
 
@@ -478,12 +424,7 @@ class Connection:
         self._reader.feed(data)
         try:
             self._process(events)
-            # refill windows once per batch of input, not per frame: the peer learns of the
-            # new window only from this flow, so frames beyond the old one stay violations
-            for session in self._refill:
-                if session.state is SessionState.MAPPED:
-                    self._write(session.channel, session.flow_frame())
-            self._refill.clear()
+            self._channels.write_refills()
         except RemoteProtocolError as exc:
             self._fail(exc.condition, exc.description, events)
         except Exception as exc:  # the backstop: one connection's fault stays in it
@@ -515,6 +456,10 @@ class Connection:
                 return
             self._after_handshake_step()
 
+    def _pause_input(self) -> None:
+        """Stop reading until the user has answered a ``LinkAttachRequested``."""
+        self.input_paused = True
+
     def _after_handshake_step(self) -> None:
         """Follow the handshake: our AMQP header (and the frames held behind it) goes out when
         the peer's arrives, or, for a SASL client, once the outcome is ok (§5.3.2)."""
@@ -536,7 +481,11 @@ class Connection:
             raise RemoteProtocolError(errors.FRAMING_ERROR, "SASL frame after SASL")
         kind = type(perf)
         if kind is Transfer:  # the hot path first
-            self._on_transfer(frame.channel, perf, frame.payload, events)
+            if self.remote_open is None or self._close_received:
+                raise RemoteProtocolError(
+                    errors.ILLEGAL_STATE, "transfer outside an open connection"
+                )
+            self._channels.on_transfer(frame.channel, perf, frame.payload, events)
             return
         if self.remote_open is None:
             if kind is not Open:
@@ -545,10 +494,13 @@ class Connection:
             return
         if self._close_received:
             raise RemoteProtocolError(errors.ILLEGAL_STATE, f"{kind.__name__} after close")
-        handler = _DISPATCH.get(kind)
+        if kind is Close:
+            self._on_close(perf, events)
+            return
+        handler = DISPATCH.get(kind)
         if handler is None:
             raise RemoteProtocolError(errors.ILLEGAL_STATE, f"unexpected {kind.__name__}")
-        handler(self, frame.channel, perf, events)
+        handler(self._channels, frame.channel, perf, events)
 
     def _on_open(self, perf: Open, events: list[Event]) -> None:
         if perf.max_frame_size < MIN_MAX_FRAME_SIZE:
@@ -562,6 +514,7 @@ class Connection:
                 f"{self.config.min_peer_idle_timeout * 1000:.0f} ms we heartbeat for",
             )
         self.remote_open = perf
+        self._channels.peer_channel_max = perf.channel_max
         if not self._open_sent:  # answer at once: begin/attach replies must follow our open
             self.open()
         self._peer_max_frame = min(perf.max_frame_size, 0xFFFFFFFF)
@@ -569,131 +522,13 @@ class Connection:
             self._liveness.remote = perf.idle_time_out / 1000
         events.append(ConnectionOpened(perf))
 
-    def _on_close(self, _channel: int, perf: Close, events: list[Event]) -> None:
+    def _on_close(self, perf: Close, events: list[Event]) -> None:
         self._close_received = True
         by_peer = not self._close_sent
         if by_peer:
             self.close()
         self._finish()
         events.append(ConnectionClosed(perf.error, by_peer))
-
-    def _on_begin(self, channel: int, perf: Begin, events: list[Event]) -> None:
-        self._check_channel(channel)
-        if channel in self._remote_sessions:
-            raise RemoteProtocolError(errors.ILLEGAL_STATE, f"channel {channel} already begun")
-        if perf.remote_channel is not None:
-            session = self.sessions.get(perf.remote_channel)
-            if session is None or session.state is not SessionState.BEGIN_SENT:
-                raise RemoteProtocolError(
-                    errors.ILLEGAL_STATE, f"begin answers channel {perf.remote_channel}, unknown"
-                )
-            by_peer = False
-        else:
-            ours = self._free_channel()
-            if ours is None:  # channel-max + 1 is the most sessions either side may have
-                raise RemoteProtocolError(
-                    errors.NOT_ALLOWED,
-                    f"begin on channel {channel}: more sessions than channel-max "
-                    f"{self._channel_limit()} allows",
-                )
-            session = self._new_session(ours, SessionState.BEGIN_RECEIVED)
-            by_peer = True
-        session.remote_channel = channel
-        self._remote_sessions[channel] = session
-        session.on_begin(perf)
-        if by_peer:
-            self._write(session.channel, session.begin_frame())
-        events.append(SessionBegun(session, by_peer))
-
-    def _check_channel(self, channel: int) -> None:
-        if channel > self.config.channel_max:  # §2.7.1: a framing error
-            raise RemoteProtocolError(
-                errors.FRAMING_ERROR,
-                f"channel {channel} is above our channel-max {self.config.channel_max}",
-            )
-
-    def _session(self, channel: int) -> Session:
-        session = self._remote_sessions.get(channel)
-        if session is None:
-            raise RemoteProtocolError(errors.NOT_ALLOWED, f"no session on channel {channel}")
-        return session
-
-    def _on_end(self, channel: int, perf: End, events: list[Event]) -> None:
-        session = self._session(channel)
-        by_peer = session.state is not SessionState.END_SENT
-        if by_peer:
-            self.end(session)
-        session.state = SessionState.ENDED
-        # links die with their session (§2.6.1): report each, so nothing waits on them
-        for link in session.forget_all_links():
-            events.append(LinkDetached(link, True, perf.error, by_peer))
-        self._dirty_sessions.discard(session)
-        del self._remote_sessions[channel]
-        self.sessions.pop(session.channel, None)
-        events.append(SessionEnded(session, perf.error, by_peer))
-
-    def _on_attach(self, channel: int, perf: Attach, events: list[Event]) -> None:
-        answered = self._session(channel).on_attach(perf, self.config.max_unsettled)
-        if answered is None:
-            return
-        link, requested = answered
-        if requested:
-            # pause so the user can answer (and grant credit) before a pipelined transfer
-            # on this link is read (LP-10); receive_data(b"") resumes
-            self.input_paused = True
-            events.append(LinkAttachRequested(link))
-        else:
-            events.append(LinkAttached(link))
-
-    def _on_flow(self, channel: int, perf: Flow, events: list[Event]) -> None:
-        session = self._session(channel)
-        link = session.on_flow(perf)
-        if link is None:
-            if perf.echo:
-                self._write(session.channel, session.flow_frame())
-            return
-        if link.state is LinkState.DETACH_SENT:
-            return
-        if perf.echo:
-            self._write(session.channel, session.flow_frame(link))
-        events.append(LinkFlow(link))
-
-    def _on_transfer(
-        self, channel: int, perf: Transfer, payload: memoryview, events: list[Event]
-    ) -> None:
-        if self.remote_open is None or self._close_received:
-            raise RemoteProtocolError(errors.ILLEGAL_STATE, "transfer outside an open connection")
-        session = self._session(channel)
-        try:
-            link, done = session.on_transfer(perf, payload)
-        except LinkError as exc:
-            link = session.remote_link(perf.handle)
-            self.detach(
-                link, closed=True, error=Error(condition=exc.condition, description=exc.description)
-            )
-            return
-        if session.wants_window_refill():
-            self._refill.add(session)
-        if done is not None:
-            events.append(MessageReceived(link, done[0], done[1]))
-
-    def _on_disposition(self, channel: int, perf: Disposition, events: list[Event]) -> None:
-        session = self._session(channel)
-        for delivery in session.on_disposition(perf):
-            events.append(DeliveryUpdated(delivery.link, delivery))
-
-    def _on_detach(self, channel: int, perf: Detach, events: list[Event]) -> None:
-        session = self._session(channel)
-        link = session.remote_link(perf.handle)
-        by_peer = link.state is not LinkState.DETACH_SENT
-        if by_peer:
-            if link.state is LinkState.ATTACH_RECEIVED:  # never answered: attach, then detach
-                self._write(session.channel, link.attach_frame(None, None))
-            session.flush_dispositions()
-            self._write(session.channel, Detach(handle=link.handle, closed=perf.closed))
-        session.forget_link(link)
-        error = perf.error if by_peer else link.detach_error
-        events.append(LinkDetached(link, bool(perf.closed), error, by_peer))
 
     # -- failure ---------------------------------------------------------------------------
 
@@ -714,14 +549,3 @@ class Connection:
             self._close_sent = True
         # before our AMQP header (a broken SASL exchange) no close can be said: just hang up
         self._finish()
-
-
-_DISPATCH: dict[type, Any] = {
-    Close: Connection._on_close,
-    Begin: Connection._on_begin,
-    End: Connection._on_end,
-    Attach: Connection._on_attach,
-    Flow: Connection._on_flow,
-    Disposition: Connection._on_disposition,
-    Detach: Connection._on_detach,
-}

@@ -6,12 +6,12 @@ of these decorators, which makes it an attrs class, generates its straight-line 
 decoder (once, when decorated, so a frame costs no per-field interpretation) and registers both
 under the class's descriptor code and symbolic name.
 
-It is apart from codec.py because it is a different job: codec.py is the type system (the
-per-type encoders and the constructor-byte decoder tables); this module compiles class
-declarations on top of it. It builds from codec.py's own encoder and decoder functions (hence
-the private imports: the two modules are one codec in two files) and fills the dictionaries the
-codec consults at run time, ``_ENCODERS`` by type and ``_CLASS_DEC`` by descriptor. codec.py
-imports nothing from here, so there is no cycle; a class decodes as itself once the module
+It is apart from codec.py because it is a different job: codec.py and scalars.py are the type
+system (the per-type encoders and the constructor-byte decoder tables); this module compiles
+class declarations on top of it. It builds from their own encoder and decoder functions (hence
+the private imports: the three modules are one codec in three files) and fills the dictionaries
+the codec consults at run time, ``_ENCODERS`` by type and ``_CLASS_DEC`` by descriptor. Neither
+imports anything from here, so there is no cycle; a class decodes as itself once the module
 declaring it (messaging.py, performatives.py) has been imported.
 """
 
@@ -31,29 +31,35 @@ from framework.amqp.codec import (
     _P_BII,
     _PLAIN,
     _U_II,
-    _UINT_SMALL,
     MAX_DEPTH,
     ClassDecoder,
-    Decoder,
-    Encoder,
     _bad_code,
     _d_array8,
     _d_array32,
-    _d_null,
     _descriptor,
     _e_array,
+    _e_descriptor,
+    _e_fields,
+    _e_list,
+    _e_map,
+    _over_budget,
+    _resolve,
+    encode_into,
+)
+from framework.amqp.errors import INVALID_FIELD, DecodeError, LocalProtocolError
+from framework.amqp.scalars import (
+    _UINT_SMALL,
+    Decoder,
+    Encoder,
+    _d_null,
     _e_binary,
     _e_bool,
     _e_byte,
     _e_char,
-    _e_descriptor,
     _e_double,
-    _e_fields,
     _e_float,
     _e_int,
-    _e_list,
     _e_long,
-    _e_map,
     _e_short,
     _e_string,
     _e_symbol,
@@ -63,12 +69,8 @@ from framework.amqp.codec import (
     _e_ulong,
     _e_ushort,
     _e_uuid,
-    _over_budget,
     _raw,
-    _resolve,
-    encode_into,
 )
-from framework.amqp.errors import INVALID_FIELD, DecodeError, LocalProtocolError
 from framework.amqp.types import (
     FIELD_META,
     FIELD_TYPES,
