@@ -12,7 +12,7 @@ import resource
 import ssl
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -210,13 +210,17 @@ async def listen(
     max_connections: int | None = None,
     max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
     login_throttle: LoginThrottle | None = None,
+    certificate_users: Collection[str] | None = None,
     **config: Any,
 ) -> AsyncIterator[Listener]:
     """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one).
 
     ``users`` enables SASL PLAIN against that table (ANONYMOUS then only if
-    ``allow_anonymous``); ``on_attach`` answers the links peers open; ``handler`` runs for
-    each connection's lifetime. Leaving the block closes every connection.
+    ``allow_anonymous``); a client certificate that ``ssl_context`` verified logs its peer in
+    with SASL EXTERNAL as its common name (else its first subjectAltName), only when that
+    name is one of ``certificate_users`` if given. ``on_attach`` answers the links peers
+    open; ``handler`` runs for each connection's lifetime. Leaving the block closes every
+    connection.
 
     Limits: a connection that has not finished its handshake (TLS, header, SASL, open) within
     ``handshake_timeout`` seconds is dropped; past ``max_connections`` at once (default
@@ -252,6 +256,8 @@ async def listen(
                 with trio.fail_at(deadline):
                     await tls.do_handshake()
                 external = _certificate_identity(tls.getpeercert())
+                if certificate_users is not None and external not in certificate_users:
+                    external = None  # a certificate of nobody we know: no EXTERNAL login
                 stream = tls
             cfg = ConnectionConfig(
                 container_id=name,

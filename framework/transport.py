@@ -469,10 +469,7 @@ class AmqpConnection:
         if event.session is self._session:
             self._session = None
 
-    # -- acting on the engine --------------------------------------------------------------
-    # Everything above the transport acts on the engine through these methods: each one acts,
-    # wakes the writer and turns the engine's refusals into pairlink errors, so no caller
-    # touches the engine or forgets to kick.
+    # -- acting on the engine (see the module docstring) -----------------------------------
 
     def flow(self, link: Link, credit: int, *, drain: bool = False) -> None:
         """As receiver: set the link's credit (absolute). While the peer is not reading what
@@ -679,12 +676,10 @@ class AmqpConnection:
         wanting); either way followed by a closing detach carrying ``error``."""
         if null_terminus:
             self.engine.refuse_attach(link, error)
+            self.kick()
         else:
-            self.engine.answer_attach(
-                link, source=link.remote_source, target=link.remote_target, properties=properties
-            )
-            self.engine.detach(link, closed=True, error=error)
-        self.kick()
+            self.answer_attach(link, properties=properties)
+            self.detach(link, error=error)
 
 
 _HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {

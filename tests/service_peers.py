@@ -82,6 +82,15 @@ class RawClient:
                 self._take(data)
                 await self.flush()
 
+    async def read_once(self, within: float = TIMEOUT) -> None:
+        """Send what is queued, then take one read's worth of the server's frames."""
+        await self.flush()
+        with trio.fail_after(within):
+            data = await self.stream.receive_some(1 << 16)
+        if not data:
+            raise EOFError("the server closed the connection")
+        self._take(data)
+
     def _take(self, data: bytes | bytearray) -> None:
         tap = self._tap
         tap.feed(data)

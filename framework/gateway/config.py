@@ -12,7 +12,7 @@ import os
 import re
 import ssl
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -59,7 +59,10 @@ class Route:
 class GatewayConfig:
     """``listen``: ``amqp[s]://host:port`` for inbound peers; ``users``: SASL PLAIN users
     (name -> password) allowed to connect inbound (None: anonymous peers are allowed);
-    ``tls_cert``/``tls_key``: PEM files for an ``amqps`` listener; ``idle_timeout``: seconds
+    ``certificate_users``: users who log in with a client certificate instead (SASL EXTERNAL:
+    the certificate's common name, else its first subjectAltName, is the user);
+    ``tls_cert``/``tls_key``: PEM files for an ``amqps`` listener; ``tls_client_ca``: PEM CAs
+    that must have signed every inbound peer's certificate (mutual TLS); ``idle_timeout``: seconds
     of silence after which a connection (inbound or upstream) is declared dead;
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
@@ -71,6 +74,8 @@ class GatewayConfig:
     users: dict[str, str] | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    tls_client_ca: str | None = None
+    certificate_users: frozenset[str] = frozenset()
     container_id: str | None = None
     idle_timeout: float = 30.0
     attach_timeout: float = 10.0
@@ -91,7 +96,7 @@ _TOP_KEYS = (
     "users",
     "route",
 )
-_TLS_KEYS = ("cert", "key")
+_TLS_KEYS = ("cert", "key", "client_ca")
 _LIMIT_SECONDS = ("handshake_timeout", "login_penalty")
 _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_connections": "connections",
@@ -102,7 +107,7 @@ _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_decoded_elements": "values",
     "handle_max": "handles",
 }
-_USER_KEYS = ("password_env",)
+_USER_KEYS = ("password_env", "certificate")
 _ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
 
 
@@ -189,16 +194,24 @@ class _Reader:
         self.keys(document, (), _TOP_KEYS)
         listen = self.url(self.required(document, (), "listen"), ("listen",))
         users = None
+        certificate_users: set[str] = set()
         if "users" in document:
             users = {}
             for name, entry in self.table(document["users"], ("users",), None).items():
                 here: KeyPath = ("users", name)
-                users[name] = self.password(
-                    self.table(entry, here, _USER_KEYS), here, "password_env"
-                )
-            if not users:
+                table = self.table(entry, here, _USER_KEYS)
+                if "certificate" not in table:
+                    users[name] = self.password(table, here, "password_env")
+                elif table["certificate"] is not True or "password_env" in table:
+                    self.fail(
+                        (*here, "certificate"),
+                        "certificate = true (a client certificate's user), or password_env",
+                    )
+                else:
+                    certificate_users.add(name)
+            if not users and not certificate_users:
                 self.fail(("users",), "no users: remove [users] to let anonymous peers in")
-        tls_cert = tls_key = None
+        tls_cert = tls_key = client_ca = None
         if "tls" in document:
             tls = self.table(document["tls"], ("tls",), _TLS_KEYS)
             if not listen.startswith("amqps:"):
@@ -211,8 +224,13 @@ class _Reader:
                 )
             except OSError as exc:  # ssl.SSLError included
                 self.fail(("tls", "cert"), f"cert and key do not load as a PEM pair: {exc}")
+            if "client_ca" in tls:
+                client_ca = self.ca_file(tls["client_ca"], ("tls", "client_ca"))
         elif listen.startswith("amqps:"):
             self.fail(("listen",), "an amqps:// listen needs a [tls] table with cert and key")
+        if certificate_users and client_ca is None:
+            name = min(certificate_users)
+            self.fail(("users", name, "certificate"), "needs [tls] client_ca to verify it")
         limits: dict[str, Any] = {  # absent: GatewayConfig's defaults
             key: self.seconds(document[key], (key,))
             for key in ("idle_timeout", "attach_timeout")
@@ -224,10 +242,12 @@ class _Reader:
             limits["limits"] = self.limits(document["limits"])
         return GatewayConfig(
             listen=listen,
-            routes=self.routes(document, users),
+            routes=self.routes(document, None if users is None else {*users, *certificate_users}),
             users=users,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            tls_client_ca=client_ca,
+            certificate_users=frozenset(certificate_users),
             container_id=self.optional(document, (), "container_id"),
             **limits,
         )
@@ -243,7 +263,7 @@ class _Reader:
                 fields[key] = self.count(item, (*here, key), _LIMIT_COUNTS[key])
         return Limits(**fields)
 
-    def routes(self, document: dict[str, Any], users: dict[str, str] | None) -> tuple[Route, ...]:
+    def routes(self, document: dict[str, Any], users: Set[str] | None) -> tuple[Route, ...]:
         tables = document.get("route")
         if not isinstance(tables, list) or not tables:
             problem = "missing" if tables is None else f"{_type_name(tables)}, not [[route]] tables"
@@ -271,11 +291,7 @@ class _Reader:
             if ca is not None:
                 if not upstream.startswith("amqps:"):
                     self.fail((*here, "ca"), "only for an amqps:// upstream")
-                ca = self.file(ca, (*here, "ca"))
-                try:
-                    ssl.create_default_context(cafile=ca)
-                except OSError as exc:
-                    self.fail((*here, "ca"), f"no PEM CA certificates in {ca}: {exc}")
+                ca = self.ca_file(ca, (*here, "ca"))
             address = self.required(route, here, "address")
             routes.append(Route(public, upstream, address, user, password, allow, ca))
         return tuple(routes)
@@ -352,7 +368,7 @@ class _Reader:
             self.fail((*path, key), f"environment variable {variable} is empty")
         return password
 
-    def allow(self, value: object, path: KeyPath, users: dict[str, str] | None) -> list[str]:
+    def allow(self, value: object, path: KeyPath, users: Set[str] | None) -> list[str]:
         if not isinstance(value, list) or not value:
             got = "an empty array" if value == [] else _type_name(value)
             self.fail(path, f"expected a non-empty array of [users] names, got {got}")
@@ -362,6 +378,17 @@ class _Reader:
             if users is None or name not in users:
                 self.fail(path, f"{name!r} is not a user of the [users] table")
         return value
+
+    def ca_file(self, value: object, path: KeyPath) -> str:
+        """A file of PEM CA certificates, checked now."""
+        if not isinstance(value, str) or not value:
+            self.fail(path, f"expected a file name, got {_type_name(value)}")
+        name = self.file(value, path)
+        try:
+            ssl.create_default_context(cafile=name)
+        except OSError as exc:
+            self.fail(path, f"no PEM CA certificates in {name}: {exc}")
+        return name
 
     def file(self, value: str, path: KeyPath) -> str:
         """``value`` made absolute against the base folder; the file must exist."""

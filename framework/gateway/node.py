@@ -115,6 +115,7 @@ class Gateway:
                 on_attach=self.on_attach,
                 handler=self._track,
                 users=config.users,
+                certificate_users=config.certificate_users,
                 ssl_context=self._server_tls(),
                 container_id=self.container_id,
                 idle_timeout=config.idle_timeout,
@@ -132,6 +133,9 @@ class Gateway:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_client_ca is not None:  # mutual TLS: no peer without a signed certificate
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(cafile=config.tls_client_ca)
         return context
 
     def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:

@@ -172,14 +172,14 @@ REFUSALS = [
         'listen = "amqps://127.0.0.1:0"\n[tls]\ncert = "c.pem"\nchain = "x"\n',
         4,
         "tls.chain",
-        "unknown key (known here: cert, key)",
+        "unknown key (known here: cert, key, client_ca)",
         id="unknown-tls-key",
     ),
     pytest.param(
         replace("ops = { password_env", 'ops = { password = "x", password_env'),
         8,
         "users.ops.password",
-        "unknown key (known here: password_env)",
+        "unknown key (known here: password_env, certificate)",
         id="unknown-user-key",
     ),
     pytest.param(
@@ -563,6 +563,46 @@ def test_pem_files_that_do_not_load_are_refused(conf_dir: Path) -> None:
     path.write_text(TLS_CONFIG.replace('ca = "pki/ca.pem"', 'ca = "gn.toml"'))
     with pytest.raises(ConfigError, match=r":9: route\[1\]\.ca: no PEM CA certificates in "):
         load_config(path, environ={})
+
+
+MTLS_USERS = """
+[users]
+"apps.org-n.example" = { certificate = true }
+ops = { password_env = "GN_OPS_PASSWORD" }
+"""
+
+
+def test_certificate_users_and_the_client_ca_are_read(conf_dir: Path) -> None:
+    text = TLS_CONFIG.replace(
+        'address = "billing"\n', 'address = "billing"\nallow = ["apps.org-n.example"]\n'
+    )
+    text = text.replace(
+        'key = "pki/server-key.pem"\n', 'key = "pki/server-key.pem"\nclient_ca = "pki/ca.pem"\n'
+    )
+    config = parse_config(text + MTLS_USERS, base=conf_dir, environ=ENV)
+    assert config.tls_client_ca == str(conf_dir / "pki/ca.pem")
+    assert config.certificate_users == {"apps.org-n.example"}
+    assert config.users == {"ops": "ops-secret"}
+    assert config.routes[0].allow == {"apps.org-n.example"}
+
+
+@pytest.mark.parametrize(
+    ("users", "key", "problem"),
+    [
+        (MTLS_USERS, 'users."apps.org-n.example".certificate', "needs [tls] client_ca"),
+        (
+            '[users]\nx = { certificate = "yes" }\n',
+            "users.x.certificate",
+            "certificate = true (a client certificate's user), or password_env",
+        ),
+    ],
+)
+def test_certificate_user_mistakes_are_refused(
+    conf_dir: Path, users: str, key: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(TLS_CONFIG + users, source="gn.toml", base=conf_dir, environ=ENV)
+    assert f": {key}: {problem}" in str(caught.value)
 
 
 def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:

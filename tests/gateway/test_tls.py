@@ -8,11 +8,11 @@ import pytest
 import trio
 
 from framework.client import connect
-from framework.errors import LinkDetachedError
+from framework.errors import ConnectionLostError, LinkDetachedError
 from framework.gateway import GatewayConfig, Route, open_gateway
 from framework.service import hosted, open_server
 from services.echo import Echo
-from tests.tls import TlsFiles, make_tls_files
+from tests.tls import CLIENT_IDENTITY, TlsFiles, make_tls_files
 
 INTERNAL = "billing.internal"
 
@@ -85,3 +85,67 @@ async def test_lp11_an_upstream_certificate_the_route_does_not_trust_fails_the_p
         with trio.fail_after(10), pytest.raises(LinkDetachedError) as exc:
             await client.call("billing", "echo", 1)
         assert exc.value.condition == "amqp:link:detach-forced"
+
+
+def _mutual(tls: TlsFiles, co_url: str, allow: str) -> GatewayConfig:
+    """A gateway that demands client certificates, and knows the test client's as a user."""
+    return GatewayConfig(
+        listen="amqps://127.0.0.1:0",
+        container_id="mtls",
+        tls_cert=str(tls.server_cert),
+        tls_key=str(tls.server_key),
+        tls_client_ca=str(tls.ca_cert),
+        users={"apps": "apps-secret"},
+        certificate_users=frozenset({CLIENT_IDENTITY}),
+        routes=(Route("billing", co_url, INTERNAL, allow=frozenset({allow})),),
+    )
+
+
+async def test_mutual_tls_logs_a_certificate_in_as_the_user_allow_lists_name(
+    tls_files: TlsFiles,
+) -> None:
+    async with (
+        open_server(hosted(Echo, address=INTERNAL), listen="amqp://127.0.0.1:0") as co,
+        open_gateway(_mutual(tls_files, co.url, allow=CLIENT_IDENTITY)) as gw,
+        connect(
+            f"amqps://localhost:{gw.port}",
+            ssl_context=tls_files.client_context(with_client_cert=True),
+            sasl="EXTERNAL",
+            timeout=10,
+        ) as client,
+    ):
+        assert await client.call("billing", "echo", "by certificate") == "by certificate"
+        (downstream,) = gw.peers.values()
+        assert downstream.user == CLIENT_IDENTITY
+
+
+async def test_mutual_tls_refuses_a_peer_without_a_certificate(tls_files: TlsFiles) -> None:
+    async with (
+        open_server(hosted(Echo, address=INTERNAL), listen="amqp://127.0.0.1:0") as co,
+        open_gateway(_mutual(tls_files, co.url, allow=CLIENT_IDENTITY)) as gw,
+    ):
+        with trio.fail_after(10), pytest.raises(ConnectionLostError):
+            async with connect(
+                f"amqps://apps:apps-secret@localhost:{gw.port}",
+                ssl_context=tls_files.client_context(),  # a password, but no certificate
+                timeout=10,
+            ) as client:
+                await client.call("billing", "echo", 1)
+
+
+async def test_mutual_tls_a_certificate_user_the_route_does_not_allow_is_refused(
+    tls_files: TlsFiles,
+) -> None:
+    async with (
+        open_server(hosted(Echo, address=INTERNAL), listen="amqp://127.0.0.1:0") as co,
+        open_gateway(_mutual(tls_files, co.url, allow="apps")) as gw,
+        connect(
+            f"amqps://localhost:{gw.port}",
+            ssl_context=tls_files.client_context(with_client_cert=True),
+            sasl="EXTERNAL",
+            timeout=10,
+        ) as client,
+    ):
+        with trio.fail_after(10), pytest.raises(LinkDetachedError) as exc:
+            await client.call("billing", "echo", 1)
+        assert exc.value.condition == "amqp:unauthorized-access"
