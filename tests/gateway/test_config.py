@@ -583,7 +583,7 @@ def test_certificate_users_and_the_client_ca_are_read(conf_dir: Path) -> None:
     assert config.tls_client_ca == str(conf_dir / "pki/ca.pem")
     assert config.certificate_users == {"apps.org-n.example"}
     assert config.users == {"ops": "ops-secret"}
-    assert config.routes[0].allow == {"apps.org-n.example"}
+    assert config.routes[0].allow == frozenset({"apps.org-n.example"})
 
 
 @pytest.mark.parametrize(
