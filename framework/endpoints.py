@@ -136,7 +136,8 @@ class Sender(Endpoint):
         delivery = self.conn.send(
             self.link, payload, settled=settled, presume_credit=presume_credit
         )
-        self._answer_drain()
+        if self.link.drain:
+            self._answer_drain()
         if delivery.settled or not wait:
             return delivery
         done = self._outcomes[delivery] = trio.Event()

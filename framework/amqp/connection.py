@@ -114,8 +114,10 @@ class Connection:
         """Bytes queued for ``data_to_send`` (frames held behind the protocol header included)
         and transfers held until the peer opens its session window: what the layer above counts
         against its bound on bytes waiting for the peer."""
-        blocked = sum(session.blocked_bytes for session in self.sessions.values())
-        return len(self._out) + len(self._held) + blocked
+        size = len(self._out) + len(self._held)
+        for session in self.sessions.values():  # a loop, not sum(): asked on every read
+            size += session.blocked_bytes
+        return size
 
     def data_to_send(self, now: float | None = None) -> bytes:
         """Every byte queued so far, in order; empty when there is nothing to write.

@@ -158,7 +158,11 @@ class Link:
     def usable_credit(self) -> int:
         """As sender: how many unsettled deliveries we may send now, the credit the peer gave
         as far as ``max_unsettled`` allows (pre-settled ones need only the credit)."""
-        return max(0, min(self.link_credit, self.max_unsettled - self.unsettled))
+        credit = self.link_credit
+        room = self.max_unsettled - self.unsettled
+        if room < credit:
+            credit = room
+        return credit if credit > 0 else 0  # (no min/max calls: asked on every send)
 
     @property
     def send_blocked(self) -> bool:
@@ -298,11 +302,12 @@ class Link:
             buf += payload  # one growing buffer: no per-frame object a tiny frame could inflate
             incoming.held += len(payload)
             return None
-        self.discard_partial()  # complete: the link holds nothing of it any more
-        if buf:
-            buf += payload
-            return partial, bytes(buf)
-        return partial, bytes(payload)
+        self._partial = None  # complete: the link holds nothing of it any more
+        if not buf:  # the usual one-frame message: no earlier frames to release
+            return partial, bytes(payload)
+        self.discard_partial()
+        buf += payload
+        return partial, bytes(buf)
 
     def discard_partial(self) -> None:
         """Drop the delivery still arriving (aborted, refused, or its link gone)."""
