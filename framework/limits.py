@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from framework.amqp.codec import MAX_ELEMENTS
-from framework.amqp.config import MAX_MESSAGE_SIZE
+from framework.amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
 from framework.amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from framework.amqp.session import HANDLE_MAX
 from framework.login_throttle import LOGIN_PENALTY, LoginThrottle
@@ -30,7 +30,8 @@ class Limits:
     ``max_outgoing_bytes``: what a connection holds for a peer that does not read it.
     ``login_penalty``: seconds between login attempts from an address that just failed one.
     ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``,
-    ``max_decoded_elements``, ``handle_max``: the engine's bounds (``ConnectionConfig``).
+    ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
+    (``ConnectionConfig``).
     """
 
     handshake_timeout: float = HANDSHAKE_TIMEOUT
@@ -42,6 +43,7 @@ class Limits:
     max_unsettled: int = MAX_UNSETTLED
     max_decoded_elements: int = MAX_ELEMENTS
     handle_max: int = HANDLE_MAX
+    max_links: int = MAX_LINKS
 
     def engine_options(self) -> dict[str, Any]:
         """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""
@@ -51,6 +53,7 @@ class Limits:
             "max_unsettled": self.max_unsettled,
             "max_decoded_elements": self.max_decoded_elements,
             "handle_max": self.handle_max,
+            "max_links": self.max_links,
         }
 
     def listen_options(self) -> dict[str, Any]:

@@ -180,3 +180,24 @@ async def test_the_client_survives_a_bug_in_its_own_handling_as_a_lost_connectio
         assert conn.error.condition == errors.INTERNAL_ERROR
         with pytest.raises(ConnectionLostError):
             conn.open_sender("x")
+
+
+async def test_past_max_links_a_new_link_is_refused_and_the_others_go_on() -> None:
+    async with (
+        listen("amqp://127.0.0.1:0", on_attach=accept_or_explode, max_links=3) as listener,
+        amqp_connect(listener.url) as conn,
+    ):
+        senders = [conn.open_sender("anywhere", name=f"link-{i}") for i in range(4)]
+        with trio.fail_after(10):
+            for sender in senders:
+                await sender.attached.wait()
+        refused = senders[3]
+        assert refused.detached is not None
+        assert refused.detached.condition == errors.RESOURCE_LIMIT_EXCEEDED
+        assert all(sender.detached is None for sender in senders[:3])
+        # the bound is per connection: another connection attaches as before
+        async with amqp_connect(listener.url) as other:
+            again = other.open_sender("anywhere", name="link-0")
+            with trio.fail_after(10):
+                await again.attached.wait()
+            assert again.detached is None

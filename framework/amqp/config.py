@@ -21,6 +21,12 @@ MAX_MESSAGE_SIZE = 64 * 2**20
 """The largest incoming message we reassemble (64 MiB), announced on every attach of ours: a
 larger one has its link detached with ``amqp:link:message-size-exceeded``."""
 
+MAX_LINKS = 8192
+"""Links a peer may have attached on one connection at once, over all its sessions (the
+channel-max and handle-max alone would allow 261,888, some 8 KiB each): past it a new one is
+refused (null terminus, ``amqp:resource-limit-exceeded``). Four thousand pairs per connection;
+a gateway carrying more opens more connections upstream."""
+
 MIN_PEER_IDLE_TIMEOUT = 0.1
 """Shortest idle timeout we let a peer ask of us, in seconds (its open's idle-time-out): we
 heartbeat at half of it, so one field must not set us writing thousands of frames a second;
@@ -45,5 +51,6 @@ class ConnectionConfig:
     handle_max: int = HANDLE_MAX  # highest link handle per session (session.HANDLE_MAX)
     max_incomplete_bytes: int = MAX_INCOMPLETE_BYTES  # partial messages held, all links
     max_unsettled: int = MAX_UNSETTLED  # unsettled deliveries per link, each direction
+    max_links: int = MAX_LINKS  # links attached at once on a connection, all sessions
     max_decoded_elements: int = MAX_ELEMENTS  # values one frame may decode into (codec.py)
     min_peer_idle_timeout: float = MIN_PEER_IDLE_TIMEOUT  # shortest idle-time-out we accept

@@ -106,6 +106,7 @@ _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_unsettled": "deliveries",
     "max_decoded_elements": "values",
     "handle_max": "handles",
+    "max_links": "links",
 }
 _USER_KEYS = ("password_env", "certificate")
 _ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
