@@ -430,10 +430,7 @@ class AmqpConnection:
         self.log.debug("link.requested", name=link.name, role=link.role)
         limit = self.engine.config.max_links
         if self.on_attach is None:
-            self.refuse(
-                link,
-                Error(condition="amqp:not-allowed", description="this container accepts no links"),
-            )
+            self.refuse(link, Error(conditions.NOT_ALLOWED, "this container accepts no links"))
         elif sum(len(session.links) for session in self.engine.sessions.values()) > limit:
             self.log.warning("link.refused", name=link.name, why="max_links", limit=limit)
             why = f"more than {limit} links on one connection"
