@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +43,7 @@ from framework.amqp.messaging import (
     decode_head,
 )
 from framework.dedup import DedupStore, Outcome
+from framework.errors import new_ref
 from framework.mailbox import Mailbox
 from framework.payload import Encoding, PayloadError
 from framework.wire import (
@@ -65,10 +65,6 @@ if TYPE_CHECKING:
     from framework.service import Hosted, Operation
 
 log = structlog.get_logger("pairlink.service")
-
-REF_BYTES = 6
-"""Random bytes in the reference id of an undisclosed failure (twice as many hex digits): 12
-digits tell one failure from every other in years of logs and are short enough to quote."""
 
 
 @attrs.define(slots=True, eq=False)
@@ -446,7 +442,7 @@ class Actor:
         password in a connection string, an internal host): log it with its traceback under a
         fresh reference id, and return what the caller gets instead, as (description, error
         type, ref): "internal error" and the ref, or ``detail`` and the type in debug mode."""
-        ref = secrets.token_hex(REF_BYTES)
+        ref = new_ref()
         self.log.error(
             event,
             ref=ref,

@@ -6,9 +6,17 @@ operation into these exceptions, raised in the task that waited for that operati
 
 from __future__ import annotations
 
+import secrets
 from typing import Self
 
 from framework.amqp.messaging import Error
+
+
+def new_ref() -> str:
+    """A reference id for an unexpected failure: the peer is told it, the log has it beside the
+    traceback, so whoever runs the service finds one from the other. 12 hex digits tell one
+    failure from every other in years of logs and are short enough to quote."""
+    return secrets.token_hex(6)
 
 
 class PairlinkError(Exception):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import itertools
 import math
 import ssl
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +55,7 @@ from framework.errors import (
     ConnectionLostError,
     LinkDetachedError,
     MessageTooLargeError,
+    new_ref,
 )
 
 log = structlog.get_logger("pairlink.transport")
@@ -300,7 +300,7 @@ class AmqpConnection:
         if self._abandoned:
             return
         self._abandoned = True
-        ref = uuid.uuid4().hex[:12]
+        ref = new_ref()
         self.log.error("connection.internal_error", ref=ref, exc_info=exc)
         error = Error(conditions.INTERNAL_ERROR, f"internal error (ref {ref})")
         try:
