@@ -432,7 +432,7 @@ class AmqpConnection:
         if self.on_attach is None:
             self.refuse(link, Error(conditions.NOT_ALLOWED, "this container accepts no links"))
         elif sum(len(session.links) for session in self.engine.sessions.values()) > limit:
-            self.log.warning("link.refused", name=link.name, why="max_links", limit=limit)
+            self.log.info("link.refused", name=link.name, why="max_links", limit=limit)
             why = f"more than {limit} links on one connection"
             self.refuse(link, Error(conditions.RESOURCE_LIMIT_EXCEEDED, why))
         else:
