@@ -60,8 +60,10 @@ def _msgpack_loads(data: bytes, max_elements: int) -> Any:
     """Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
     more: it decodes as is. A longer one counts the items of each array and map as they are
     built (each container no larger than the bound, so none is built past it)."""
-    extra: dict[str, Any] = {}
-    if len(data) > max_elements:
+    counted = len(data) > max_elements
+    try:
+        if not counted:  # (the usual body; no keyword dict to unpack: it doubles the call)
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
         left = [max_elements]
 
         def count(container: Any) -> Any:
@@ -70,14 +72,19 @@ def _msgpack_loads(data: bytes, max_elements: int) -> Any:
                 raise _too_many(max_elements)
             return container
 
-        extra = {"list_hook": count, "object_hook": count, "max_array_len": max_elements,
-                 "max_map_len": max_elements // 2}  # fmt: skip
-    try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=False, **extra)
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            list_hook=count,
+            object_hook=count,
+            max_array_len=max_elements,
+            max_map_len=max_elements // 2,
+        )
     except PayloadError:
         raise
     except (ValueError, msgpack.UnpackException, TypeError) as exc:
-        if extra and "exceeds max_" in str(exc):  # one container over the bound on its own
+        if counted and "exceeds max_" in str(exc):  # one container over the bound on its own
             raise _too_many(max_elements) from exc
         raise PayloadError(f"body is not msgpack: {exc}") from exc
 

@@ -25,6 +25,7 @@ from framework.amqp.messaging import (
     Message,
     Properties,
     Rejected,
+    encode_body,
 )
 from framework.errors import RemoteError, RemoteTimeoutError
 from framework.payload import (
@@ -119,17 +120,17 @@ def encode_request(
     encoding: Encoding = Encoding.ENVELOPE,
 ) -> bytes:
     """The bytes of ``request_message(...)`` (same arguments), written without building the
-    message: what the client sends for every call, so its constant application-properties
-    section is encoded once per operation name."""
+    message: what the client sends for every call, so its constant sections (the header of a
+    given ttl, the application-properties of an operation name) are encoded once each."""
     body, kind, content_type = encoded_body(_request_value(args, kwargs, encoding), encoding)
-    header, properties = _request_head(message_id, now, timeout, reply_to)
-    properties.content_type = content_type
+    properties = Properties(message_id=message_id, reply_to=reply_to, content_type=content_type)
     out = bytearray()
-    if header is not None:
-        encode_into(header, out)
+    if timeout is not None:
+        ttl, properties.absolute_expiry_time = _deadline(now, timeout)
+        out += _header_section(ttl)
     encode_into(properties, out)
     out += _operation_section(operation)
-    out += Message(body, kind).encode()
+    encode_body(body, kind, out)
     return bytes(out)
 
 
@@ -139,9 +140,14 @@ def _request_head(
     properties = Properties(message_id=message_id, reply_to=reply_to)
     header = None
     if timeout is not None:
-        header = Header(ttl=max(1, int(timeout * 1000)))
-        properties.absolute_expiry_time = _EPOCH + datetime.timedelta(seconds=now + timeout)
+        ttl, properties.absolute_expiry_time = _deadline(now, timeout)
+        header = Header(ttl=ttl)
     return header, properties
+
+
+def _deadline(now: float, timeout: float) -> tuple[int, datetime.datetime]:
+    """A request's ``header.ttl`` and ``properties.absolute-expiry-time`` for ``timeout``."""
+    return max(1, int(timeout * 1000)), _EPOCH + datetime.timedelta(seconds=now + timeout)
 
 
 def _request_value(
@@ -154,6 +160,11 @@ def _request_value(
     if kwargs:
         return kwargs
     return list(args)
+
+
+@functools.lru_cache(maxsize=256)
+def _header_section(ttl: int) -> bytes:
+    return encode(Header(ttl=ttl))
 
 
 @functools.lru_cache(maxsize=256)
@@ -217,7 +228,7 @@ def encode_reply(request: Request, value: Any, *, to: str | None) -> bytes:
     out = bytearray()
     encode_into(properties, out)
     out += _OK_STATUS
-    out += Message(body, kind).encode()
+    encode_body(body, kind, out)
     return bytes(out)
 
 

@@ -390,25 +390,7 @@ class Message:
             encode_into(self.properties, out)
         if self.application_properties is not None:
             encode_into(ApplicationProperties(self.application_properties), out)
-        kind = self.body_kind
-        body = self.body
-        if kind == "value":
-            encode_into(AmqpValue(body), out)
-        elif kind == "data":
-            if isinstance(body, (bytes, bytearray, memoryview)):
-                encode_into(Data(body), out)  # type: ignore[arg-type]  # the codec takes any buffer
-            elif isinstance(body, list) and body:
-                for chunk in body:
-                    encode_into(Data(chunk), out)
-            else:
-                raise ValueError("a data body is bytes or a non-empty list of bytes")
-        elif kind == "sequence":
-            if not isinstance(body, list) or not body:
-                raise ValueError("a sequence body is a non-empty list of sections (lists)")
-            for seq in body:
-                encode_into(AmqpSequence(seq), out)
-        else:
-            raise ValueError(f"unknown body_kind {kind!r}")
+        encode_body(self.body, self.body_kind, out)
         if self.footer is not None:
             encode_into(Footer(self.footer), out)
         return bytes(out)
@@ -478,6 +460,29 @@ class Message:
             else:
                 msg.body = chunks[0]
         return msg
+
+
+def encode_body(body: Any, kind: BodyKind, out: bytearray) -> None:
+    """Append the body section(s) of a ``Message`` with this ``body`` and ``body_kind`` (see
+    there) to ``out``: for a caller that writes the sections before it itself, as wire.py does
+    for every call, without building the whole ``Message``."""
+    if kind == "value":
+        encode_into(AmqpValue(body), out)
+    elif kind == "data":
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            encode_into(Data(body), out)  # type: ignore[arg-type]  # the codec takes any buffer
+        elif isinstance(body, list) and body:
+            for chunk in body:
+                encode_into(Data(chunk), out)
+        else:
+            raise ValueError("a data body is bytes or a non-empty list of bytes")
+    elif kind == "sequence":
+        if not isinstance(body, list) or not body:
+            raise ValueError("a sequence body is a non-empty list of sections (lists)")
+        for seq in body:
+            encode_into(AmqpSequence(seq), out)
+    else:
+        raise ValueError(f"unknown body_kind {kind!r}")
 
 
 # Per section descriptor code: its rank and the decoder of what ``Message`` keeps of it (the
