@@ -428,13 +428,8 @@ class AmqpConnection:
     def _on_attach_requested(self, event: LinkAttachRequested) -> None:
         link = event.link
         self.log.debug("link.requested", name=link.name, role=link.role)
-        limit = self.engine.config.max_links
         if self.on_attach is None:
             self.refuse(link, Error(conditions.NOT_ALLOWED, "this container accepts no links"))
-        elif sum(len(session.links) for session in self.engine.sessions.values()) > limit:
-            self.log.info("link.refused", name=link.name, why="max_links", limit=limit)
-            why = f"more than {limit} links on one connection"
-            self.refuse(link, Error(conditions.RESOURCE_LIMIT_EXCEEDED, why))
         else:
             self.on_attach(self, link)
         self.kick()

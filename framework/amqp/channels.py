@@ -197,6 +197,12 @@ class Channels:
         if answered is None:
             return
         link, requested = answered
+        limit = self._config.max_links
+        if requested and sum(len(s.links) for s in self.sessions.values()) > limit:
+            # refused here, never offered to the user: a null terminus, then the detach
+            why = f"more than {limit} links on one connection"
+            self._detach(link, closed=True, error=Error(errors.RESOURCE_LIMIT_EXCEEDED, why))
+            return
         if requested:
             # pause so the user can answer (and grant credit) before a pipelined transfer
             # on this link is read (LP-10); receive_data(b"") resumes

@@ -23,9 +23,9 @@ larger one has its link detached with ``amqp:link:message-size-exceeded``."""
 
 MAX_LINKS = 8192
 """Links a peer may have attached on one connection at once, over all its sessions (the
-channel-max and handle-max alone would allow 261,888, some 8 KiB each): past it a new one is
-refused (null terminus, ``amqp:resource-limit-exceeded``). Four thousand pairs per connection;
-a gateway carrying more opens more connections upstream."""
+channel-max and handle-max alone would allow 261,888, some 8 KiB each): past it the engine
+refuses a new one itself (null terminus, ``amqp:resource-limit-exceeded``). Four thousand
+pairs per connection; a gateway carrying more opens more connections upstream."""
 
 MIN_PEER_IDLE_TIMEOUT = 0.1
 """Shortest idle timeout we let a peer ask of us, in seconds (its open's idle-time-out): we

@@ -20,6 +20,7 @@ from framework.amqp.events import (
     LinkAttachRequested,
     LinkDetached,
     MessageReceived,
+    ProtocolViolation,
     SessionBegun,
 )
 from framework.amqp.messaging import Accepted, Message, Source, Target
@@ -106,6 +107,27 @@ def test_more_links_than_the_peer_handle_max_allows_is_not_allowed() -> None:
     with pytest.raises(LocalProtocolError) as exc:
         server.attach(session, name="b", role=ROLE_RECEIVER, source=Source(), target=Target())
     assert exc.value.condition == errors.RESOURCE_LIMIT_EXCEEDED
+
+
+def test_past_max_links_the_engine_refuses_a_new_link_itself() -> None:
+    _, server = opened_pair(max_links=2)
+    server.receive_data(raw(0, Begin(next_outgoing_id=0, incoming_window=9, outgoing_window=9)))
+    server.data_to_send()
+    for handle, name in enumerate("ab"):
+        link = attach_sender(server, handle=handle, name=name)
+        server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+    server.data_to_send()
+    events, out = server_frames_after(
+        server, raw(0, Attach(name="c", handle=2, role=ROLE_SENDER, initial_delivery_count=0))
+    )
+    assert not of(events, LinkAttachRequested)  # never offered to the layer above
+    (attach,) = [f for f in out if isinstance(f, Attach)]
+    (detach,) = [f for f in out if isinstance(f, Detach)]
+    assert out.index(attach) < out.index(detach)
+    assert attach.name == "c" and attach.target is None  # a null terminus: never created
+    assert detach.closed and detach.error is not None
+    assert detach.error.condition == errors.RESOURCE_LIMIT_EXCEEDED
+    assert not of(events, ProtocolViolation)  # the connection goes on
 
 
 # -- incomplete incoming messages, per connection ------------------------------------------
