@@ -55,6 +55,7 @@ proton-sasl: $(STAMP)
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -83,5 +84,6 @@ $(FUZZ_STAMP): $(STAMP)
 	touch $@
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis \
+		.import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

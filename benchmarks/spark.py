@@ -53,7 +53,7 @@ def text(row: int) -> str:
 
 def serve_child() -> None:
     """The service process: prints its URL, serves until its stdin closes."""
-    from framework.service import open_server
+    from framework import open_server
     from services.enrich import Enrich
 
     async def main() -> None:
@@ -66,7 +66,7 @@ def serve_child() -> None:
 
 def ceiling_child(url: str, rows: int) -> None:
     """The single-process client: ``rows`` calls, ``IN_FLIGHT`` at a time; prints rows/s."""
-    from framework.client import Client, connect
+    from framework.client.client import Client, connect
 
     run = uuid.uuid4().hex
 
@@ -114,7 +114,7 @@ def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def per_row_calls(url: str, rows: Iterable[Any]) -> Iterator[Any]:
     """A Spark task the naive way: a new blocking connection and one call for every row."""
-    from framework import blocking
+    from framework.client import blocking
 
     if not structlog.is_configured():  # as in call_service's tasks: warnings only
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

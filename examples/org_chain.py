@@ -21,8 +21,8 @@ from typing import Any
 import structlog
 import trio
 
+from framework import hosted, open_server
 from framework.gateway import GatewayConfig, Route, open_gateway
-from framework.service import hosted, open_server
 
 START_TIMEOUT = 60.0
 

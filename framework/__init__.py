@@ -1,9 +1,14 @@
 """pairlink: Trio actors serving request-response over AMQP 1.0 paired links.
 
-The public API, re-exported here. The decorator ``service`` shares its name with the module
-``framework.service``, so it is imported eagerly: binding it after the submodule has loaded is
-what makes ``from framework import service`` always give the decorator. Nothing here imports
-pyspark (``framework.spark`` does, lazily).
+The public API, re-exported here. The layers below it, each a subpackage importing only those
+under it (the contracts in pyproject.toml, checked by ``make lint``):
+
+* ``framework.amqp``: the sans-IO AMQP 1.0 engine (codec, frames, SASL, sessions, links);
+* ``framework.io``: the Trio layer (a connection's loops, the link API, URLs, connect, listen);
+* ``framework.rpc``: the conventions of a call (wire format, payloads, link pairing, deadlines);
+* ``framework.client`` and ``framework.server``: calling services, and declaring and serving them;
+* ``framework.gateway``: relaying paired links between organisations;
+* ``framework.spark`` (imported by nothing else: it loads pyspark) and ``framework.cli``.
 """
 
 from framework.client import Client, ServiceProxy, connect
@@ -15,8 +20,8 @@ from framework.errors import (
     PairlinkError,
     RemoteError,
 )
-from framework.service import handler, hosted, open_server, remote, serve, service
-from framework.wire import CallError
+from framework.rpc.wire import CallError
+from framework.server import handler, hosted, open_server, remote, serve, service
 
 __all__ = [
     "AuthenticationError",

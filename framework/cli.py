@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _call(options: argparse.Namespace) -> int:
-    from framework.client import connect
+    from framework.client.client import connect
 
     async def run() -> Any:
         async with connect(options.url, timeout=options.timeout) as client:
@@ -169,7 +169,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from framework.service import hosted, serve
+    from framework.server.service import hosted
+    from framework.server.serving import serve
 
     try:
         services: list[Any] = [found for spec in options.services for found in _load(spec)]
@@ -209,7 +210,7 @@ def _load(spec: str) -> list[type]:
 
 
 def _is_service(value: Any) -> bool:
-    from framework.service import spec_of
+    from framework.server.service import spec_of
 
     if not inspect.isclass(value):
         return False

@@ -4,7 +4,7 @@
 
 Two kinds of source, both real frames:
 
-* our own client (``framework.client``) and Qpid Proton's ``BlockingConnection``, recorded
+* our own client (``framework.client.client``) and Qpid Proton's ``BlockingConnection``, recorded
   through a TCP tap in front of a real echo container (and, for the gateway, in front of a
   real gateway routing to it), whole (stage RAW) and cut after SASL and after the open;
 * scripted sessions of a client engine (``fuzz.targets.ScriptedPeer``) that reach what the
@@ -30,17 +30,16 @@ import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
 
+from framework import Client, connect, open_server
 from framework.amqp.events import MessageReceived
 from framework.amqp.framing import AMQP_HEADER
 from framework.amqp.messaging import Accepted, Source, Target
 from framework.amqp.performatives import RCV_SECOND, ROLE_RECEIVER, ROLE_SENDER, SND_UNSETTLED
-from framework.client import Client, connect
 from framework.errors import RemoteError
 from framework.gateway import open_gateway
-from framework.linkpair import paired_properties
-from framework.payload import Encoding
-from framework.service import open_server
-from framework.wire import encode_request, request_message
+from framework.rpc.linkpair import paired_properties
+from framework.rpc.payload import Encoding
+from framework.rpc.wire import encode_request, request_message
 from fuzz import seed_folder
 from fuzz.targets import (
     CONTAINER_ID,

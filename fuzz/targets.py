@@ -41,6 +41,7 @@ import structlog
 import trio
 import trio.testing
 
+from framework import open_server
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.errors import INTERNAL_ERROR
 from framework.amqp.events import (
@@ -59,10 +60,9 @@ from framework.amqp.sasl import SaslClient, SaslServer
 from framework.amqp.session import Session, SessionState
 from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
 from framework.gateway.upstream import UpstreamUnavailable
-from framework.linkpair import LINK_PAIR_V1_0, paired_properties
-from framework.net import open_connection
-from framework.service import open_server
-from framework.transport import OnAttach
+from framework.io.connection import OnAttach
+from framework.io.net import open_connection
+from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
 from services.echo import Echo
 
 SERVICE = "echo"
@@ -82,7 +82,7 @@ SEND_BUDGET = 16
 """Messages the engine harness sends on the peer's receiving links, per input: enough for
 credit, drain and disposition paths, few enough to keep an input fast."""
 CONTAINER_IDLE = 60.0
-"""The idle timeout a service listener runs with by default (``framework.net.listen``)."""
+"""The idle timeout a service listener runs with by default (``framework.io.listener.listen``)."""
 GATEWAY_IDLE = 30.0
 """The idle timeout of the fuzzed gateway: the default of ``GatewayConfig``."""
 GRACE = 10.0
@@ -230,7 +230,7 @@ class EngineHarness:
                 self._act(event)
             if not engine.input_paused:
                 break
-            events = engine.receive_data(b"")
+            events = engine.resume_input()
 
     def tick(self, now: float) -> None:
         self.events += self.engine.tick(now)
@@ -252,7 +252,7 @@ class EngineHarness:
         elif isinstance(event, MessageReceived):
             if _usable(event.link) and not event.delivery.settled:
                 engine.settle(event.delivery, Accepted())
-            partner = event.link.session.names.get((event.link.name, ROLE_SENDER))
+            partner = _session(event.link).names.get((event.link.name, ROLE_SENDER))
             if partner is not None:
                 self._offer(partner)
         elif isinstance(event, LinkFlow):
@@ -278,8 +278,15 @@ class EngineHarness:
             engine.complete_drain(link)
 
 
+def _session(link: Link) -> Session:
+    """The engine's session of ``link`` (a link sees only the part of it that it calls)."""
+    session = link.session
+    assert isinstance(session, Session)
+    return session
+
+
 def _usable(link: Link) -> bool:
-    return link.state is LinkState.ATTACHED and link.session.state is SessionState.MAPPED
+    return link.state is LinkState.ATTACHED and _session(link).state is SessionState.MAPPED
 
 
 def run_engine(data: bytes) -> list[Event]:
@@ -558,7 +565,8 @@ def run_container(data: bytes) -> bytes:
                 small=mode.small,
             )
             talk = prefix(mode.stage, plain=False) + body
-            return await converse(talk, mode, config, server.on_attach)
+            assert server.listener is not None
+            return await converse(talk, mode, config, server.listener.on_attach)
 
     return _run_trio(main)
 
@@ -601,7 +609,8 @@ def run_gateway(data: bytes) -> bytes:
                     small=mode.small,
                 )
                 talk = prefix(mode.stage, plain=True) + body
-                return await converse(talk, mode, config, gateway.on_attach)
+                assert gateway.listener is not None
+                return await converse(talk, mode, config, gateway.listener.on_attach)
 
     return _run_trio(main, autojump=GATEWAY_AUTOJUMP)
 

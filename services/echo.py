@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from framework.service import handler, service
+from framework import handler, service
 
 
 @service("echo", max_concurrency=64)
@@ -20,7 +20,8 @@ class Echo:
 
     @handler
     def echo(self, x: Any) -> Any:
-        # sync: it runs as soon as the request is read, without a task switch (framework.actor)
+        # sync: it runs as soon as the request is read, without a task switch
+        # (framework.server.actor)
         return x
 
     @handler

@@ -8,7 +8,6 @@ the AMQP header followed by frames, which the frame tap reads beside the engine.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,14 +17,14 @@ import msgpack
 import trio
 from proton import Message as ProtonMessage
 
-from framework import wire
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.events import Event, LinkAttachRequested, MessageReceived
 from framework.amqp.framing import FrameReader
 from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Accepted, Message
 from framework.amqp.performatives import ROLE_SENDER, Attach, Transfer
-from framework.linkpair import LINK_PAIR_V1_0
+from framework.rpc import deadline, wire
+from framework.rpc.linkpair import LINK_PAIR_V1_0
 
 
 @attrs.define(eq=False)
@@ -178,7 +177,7 @@ class RawPeer:
                 self._on_event(event)
             if not self.engine.input_paused:
                 break
-            events = self.engine.receive_data(b"")
+            events = self.engine.resume_input()
         self.kick()
 
     def _on_event(self, event: Event) -> None:
@@ -186,7 +185,7 @@ class RawPeer:
             self.server.answer(self, event.link)
         elif isinstance(event, MessageReceived):
             message = Message.decode(event.payload)
-            request = wire.parse_request(message, now=time.time())
+            request = wire.parse_request(message, now=deadline.wall_time())
             incoming = Incoming(self, event.link, event.delivery, message, request)
             self.incoming.append(incoming)
             if not event.delivery.settled:

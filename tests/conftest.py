@@ -16,12 +16,14 @@ Deadlines, two layers, so that a hang fails one test instead of eating CI's time
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
+from framework.rpc import deadline
 from tests.interop.proton_server import prepare_cyrus
 from tests.tls import TlsFiles, make_tls_files
 
@@ -89,3 +91,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     """One trustme CA with server (127.0.0.1, localhost) and client certificates, as PEM files."""
     return make_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+# -- mock clocks that deadlines follow -------------------------------------------------------
+
+WALL_EPOCH = 1_700_000_000.0
+"""The wall clock of a mock-clock test at Trio time 0. Fixed and years from today, so that a
+deadline stamped from the real clock instead fails the test rather than passing by luck."""
+
+IO_AUTOJUMP = 0.05
+"""Real seconds the whole process must be idle before ``io_clock`` jumps: long enough that bytes
+on their way through the loopback are never overtaken by a jump, short enough to be cheap."""
+
+
+def _deadlines_follow(clock: trio.testing.MockClock) -> Iterator[trio.testing.MockClock]:
+    """``clock``, with the wall clock of deadlines (``framework.rpc.deadline``) reading it."""
+    with deadline.wall_clock(lambda: WALL_EPOCH + clock.current_time()):
+        yield clock
+
+
+@pytest.fixture
+def mock_clock() -> Iterator[trio.testing.MockClock]:
+    """pytest-trio's ``mock_clock``, which deadlines (wire expiry times, 408s) follow too."""
+    yield from _deadlines_follow(trio.testing.MockClock())
+
+
+@pytest.fixture
+def autojump_clock() -> Iterator[trio.testing.MockClock]:
+    """pytest-trio's ``autojump_clock`` (jumps as soon as every task waits), which deadlines
+    follow too. For tests without sockets: over TCP, see ``io_clock``."""
+    yield from _deadlines_follow(trio.testing.MockClock(autojump_threshold=0))
+
+
+@pytest.fixture
+def io_clock() -> Iterator[trio.testing.MockClock]:
+    """An autojumping mock clock for tests over real sockets, which deadlines follow. Trio counts
+    a task waiting for a socket as blocked, so a clock that jumps at once could jump past a
+    deadline while a request is still in the kernel; this one waits ``IO_AUTOJUMP`` first."""
+    yield from _deadlines_follow(trio.testing.MockClock(autojump_threshold=IO_AUTOJUMP))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from framework.service import handler, service
+from framework import handler, service
 
 
 @service("bigbox", max_concurrency=64, mailbox=50_000)

@@ -8,14 +8,12 @@ engine. This is what lets a test state the LP rules as "these frames, and nothin
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from framework import wire
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.events import Event, LinkAttached, MessageReceived
 from framework.amqp.framing import FRAME_AMQP, FRAME_SASL, FrameReader
@@ -35,8 +33,9 @@ from framework.amqp.performatives import (
 )
 from framework.amqp.sasl import SaslClient
 from framework.amqp.session import Session
-from framework.linkpair import LINK_PAIR_V1_0, paired_properties
-from framework.payload import Encoding
+from framework.rpc import deadline, wire
+from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from framework.rpc.payload import Encoding
 
 TIMEOUT = 2.0
 
@@ -112,7 +111,7 @@ class RawClient:
             self.events.extend(events)
             if not self.engine.input_paused:
                 break
-            events = self.engine.receive_data(b"")
+            events = self.engine.resume_input()
 
     async def opened(self) -> None:
         await self.read_until(lambda: self.engine.remote_open is not None)
@@ -178,7 +177,7 @@ class RawClient:
             args,
             kwargs,
             message_id=mid,
-            now=time.time(),
+            now=deadline.wall_time(),
             timeout=timeout,
             reply_to=reply_to,
             encoding=encoding,

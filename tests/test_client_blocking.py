@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from framework import blocking
+from framework.client import blocking
 from framework.errors import ConnectionLostError, RemoteError
 from tests.client_peers import proton_arithmetic
 from tests.interop.proton_peers import ProtonServer

@@ -167,7 +167,7 @@ def test_serve_until_ctrl_c(
         (["serve", "no_such_module_here"], "No module named"),
         (["serve", "services.echo:trio"], "is not a @service class"),
         (["serve", "services.echo:Missing"], "Missing"),
-        (["serve", "framework.wire"], "defines no @service class"),
+        (["serve", "framework.rpc.wire"], "defines no @service class"),
         (["serve", "tests.test_client_e2e", "--address", "x"], "exactly one service"),
     ],
 )

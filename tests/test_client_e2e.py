@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from framework import blocking, deadline
-from framework.client import connect
-from framework.container import Server
+from framework import connect, handler, open_server, remote, service
+from framework.client import blocking
 from framework.errors import ConnectionLostError, RemoteError
-from framework.service import handler, open_server, remote, service
+from framework.rpc import deadline
+from framework.server.serving import Server
 from services.echo import Echo
+from tests.service_peers import wait_for
 
 
 @service("probe", max_concurrency=8)
@@ -55,7 +57,7 @@ async def test_echo_round_trips_any_value_over_a_pair() -> None:
         for value in values:
             assert await echo.echo(value) == value
         assert await echo.call("echo", x="by keyword") == "by keyword"
-        assert client._conn is not None and client._conn.paired
+        assert client.paired
 
 
 @pytest.mark.timeout(120)
@@ -85,12 +87,13 @@ async def test_load_50_clients_200_calls_each_every_reply_its_own() -> None:
     assert len({(c, i) for c, i, _ in got}) == clients * calls  # none lost, none twice
 
 
-async def test_deadline_travels_from_actor_to_actor() -> None:
+async def test_deadline_travels_from_actor_to_actor(io_clock: trio.testing.MockClock) -> None:
     """The caller gives 2 s; the inner call, made by the handler with no timeout of its
-    own (its client's default is 30 s), gets what is left of those 2 s."""
+    own (its client's default is 30 s), gets what is left of those 2 s: on a clock that
+    stands still, all of it (to the millisecond of the wire's two hops)."""
     async with served(Front, Probe) as server, connect(server.url) as client:
         left = await client.call("front", "inner_remaining", timeout=2)
-        assert left is not None and 1.0 < left <= 2.0
+        assert left == pytest.approx(2.0, abs=0.003)
         unbounded = await client.call("probe", "remaining", timeout=float("inf"))
         assert unbounded is None
 
@@ -107,13 +110,13 @@ async def test_handler_error_and_unknown_operation() -> None:
         assert await front.divide(1, 4) == 0.25
 
 
-async def test_slow_handler_beyond_the_timeout() -> None:
+async def test_slow_handler_beyond_the_timeout(io_clock: trio.testing.MockClock) -> None:
     async with served(Echo) as server, connect(server.url, timeout=5) as client:
         echo = await client.service("echo")
         start = trio.current_time()
         with pytest.raises(TimeoutError):
             await echo.sleep(2, timeout=0.3)
-        assert trio.current_time() - start < 1
+        assert trio.current_time() - start == pytest.approx(0.3)
         assert await echo.echo("still serving") == "still serving"
 
 
@@ -164,7 +167,9 @@ class Relay:
             pass
 
 
-async def test_connection_cut_mid_call_fails_the_calls_then_reconnects() -> None:
+async def test_connection_cut_mid_call_fails_the_calls_then_reconnects(
+    io_clock: trio.testing.MockClock,
+) -> None:
     async with served(Echo) as server, trio.open_nursery() as nursery:
         relay = Relay(server.port)
         await nursery.start(relay.run)
@@ -183,13 +188,12 @@ async def test_connection_cut_mid_call_fails_the_calls_then_reconnects() -> None
             async with trio.open_nursery() as calls:
                 for _ in range(5):
                     calls.start_soon(slow)
-                await trio.sleep(0.2)  # the five are in the service's hands
+                await wait_for(lambda: server.actors["echo"].running == 5)  # in its hands
                 cut_at = trio.current_time()
                 relay.cut()
             assert len(failures) == 5
             assert trio.current_time() - cut_at < 1  # at once, not at the 1.5 s deadline
-            assert client._conn is not None
-            await client._conn.amqp.closed.wait()
+            await client.wait_connection_lost()
             assert await echo.echo(2) == 2  # a new connection, a new pair
             assert relay.connections == 2
         assert await _still_serving(server)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from framework import wire
+from framework import connect
 from framework.amqp import errors as conditions
 from framework.amqp.link import Link
 from framework.amqp.messaging import Error
@@ -29,9 +29,9 @@ from framework.amqp.performatives import (
     Transfer,
 )
 from framework.amqp.types import Symbol
-from framework.client import connect
 from framework.errors import LinkDetachedError
-from framework.linkpair import LINK_PAIR_V1_0, PAIRED
+from framework.rpc import wire
+from framework.rpc.linkpair import LINK_PAIR_V1_0, PAIRED
 from tests.client_peers import Incoming, RawPeer, proton_arithmetic, raw_server
 from tests.interop.proton_peers import ProtonServer
 

@@ -7,10 +7,11 @@ import functools
 import pytest
 import trio
 
-from framework import Client, RemoteError, blocking, connect, handler, open_server, service
-from framework.dedup import DedupStore, Outcome
+from framework import Client, RemoteError, connect, handler, open_server, service
+from framework.client import blocking
+from framework.rpc.wire import CallError
+from framework.server.dedup import DedupStore, Outcome
 from framework.spark import serve_in_thread
-from framework.wire import CallError
 
 OK = Outcome(200, "OK", {"score": 1.0})
 

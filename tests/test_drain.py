@@ -8,9 +8,11 @@ import trio
 from framework import handler, open_server, service
 from framework.amqp.link import Link
 from framework.amqp.performatives import Flow
-from framework.endpoints import Receiver
-from framework.net import connect, listen
-from framework.transport import AmqpConnection
+from framework.io.connection import AmqpConnection
+from framework.io.links import LinkEnd, LinkOwner, accept, open_sender
+from framework.io.listener import listen
+from framework.io.net import connect
+from tests.listening import answering
 from tests.service_peers import raw_client
 
 
@@ -41,14 +43,14 @@ async def test_a_service_answers_a_drain_on_its_reply_link() -> None:
         assert receiver.link_credit == 0
 
 
-class FlowWatch(Receiver):
-    """A receiver that tells the test about each flow the sender sends."""
+class FlowWatch(LinkOwner):
+    """Owns a receiving end and tells the test about each flow the sender sends."""
 
     def __init__(self, conn: AmqpConnection, link: Link) -> None:
-        super().__init__(conn, link, credit=0)
         self.flowed = trio.Event()
+        self.end = accept(conn, link, self)
 
-    def on_flow(self) -> None:
+    def link_flowed(self, end: LinkEnd) -> None:
         self.flowed.set()
 
 
@@ -56,19 +58,17 @@ async def test_our_sender_answers_a_drain_when_nothing_waits_to_be_sent() -> Non
     watches: list[FlowWatch] = []
 
     def on_attach(conn: AmqpConnection, link: Link) -> None:
-        conn.answer_attach(link)
         watches.append(FlowWatch(conn, link))
-        conn.engine.flow(link, 5, drain=True)  # no public drain API: a test reaches in
-        conn.kick()
+        conn.flow(link, 5, drain=True)
 
     async with (
-        listen("amqp://127.0.0.1:0", on_attach=on_attach) as listener,
+        listen("amqp://127.0.0.1:0", accept=answering(on_attach)) as listener,
         connect(listener.url) as conn,
     ):
-        sender = conn.open_sender("sink")
+        sender = open_sender(conn, "sink")
         with trio.fail_after(10):
             await sender.attached.wait()
             await watches[0].flowed.wait()
-        link = watches[0].link
+        link = watches[0].end.link
         assert (link.link_credit, link.delivery_count) == (0, 5)
         assert sender.link.link_credit == 0

@@ -17,11 +17,10 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from framework.client import connect
-from framework.container import Server
+from framework import connect, handler, hosted, open_server, service
 from framework.errors import RemoteError
-from framework.service import handler, hosted, open_server, service
-from framework.wire import CallError
+from framework.rpc.wire import CallError
+from framework.server.serving import Server
 from tests.gateway.chain import INTERNAL, LOOPBACK, PUBLIC, open_chain
 
 URL = f"amqp://{LOOPBACK}:0"

@@ -22,14 +22,13 @@ import structlog
 import trio
 import trio.testing
 
+from framework import connect, open_server
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.errors import INTERNAL_ERROR, NOT_ALLOWED
 from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
 from framework.amqp.messaging import Error
 from framework.amqp.performatives import Begin, Close, Open, Transfer
-from framework.client import connect
-from framework.net import open_connection
-from framework.service import open_server
+from framework.io.net import open_connection
 from fuzz import TARGET_NAMES, seed_folder
 from fuzz.targets import (
     SERVICE,

@@ -8,13 +8,14 @@ import struct
 
 import trio
 
-from framework import connect, handler, open_server, service, wire
+from framework import connect, handler, open_server, service
 from framework.amqp import errors
 from framework.amqp.framing import encode_frame
 from framework.amqp.messaging import Message, Properties
 from framework.amqp.performatives import ROLE_SENDER, Detach, Transfer
 from framework.amqp.types import ULong
-from framework.limits import Limits
+from framework.io.limits import Limits
+from framework.rpc import wire
 from tests.service_peers import app_property, raw_client, status
 
 LINKS = 8

@@ -11,7 +11,7 @@ from framework.amqp import errors
 from framework.amqp.config import ConnectionConfig
 from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
 from framework.amqp.performatives import Open
-from framework.net import open_connection
+from framework.io.net import open_connection
 
 IDLE = 30.0
 

@@ -19,9 +19,11 @@ from framework.amqp import errors
 from framework.amqp.framing import AMQP_HEADER
 from framework.amqp.link import Link
 from framework.errors import ConnectionLostError
-from framework.net import connect as amqp_connect
-from framework.net import default_max_connections, listen
-from framework.transport import AmqpConnection
+from framework.io.connection import AmqpConnection
+from framework.io.links import accept_receiver, open_sender
+from framework.io.listener import default_max_connections, listen
+from framework.io.net import connect as amqp_connect
+from tests.listening import answering, no_links
 from tests.tls import TlsFiles
 
 
@@ -33,36 +35,36 @@ def accept_or_explode(conn: AmqpConnection, link: Link) -> None:
     """An ``on_attach`` with a bug: it raises for links named ``boom``."""
     if link.name == "boom":
         raise Boom("a bug in the code that answers attaches")
-    conn.accept_receiver(link, credit=5)
+    accept_receiver(conn, link, credit=5)
 
 
 async def test_an_exception_in_one_connection_closes_it_alone_with_internal_error() -> None:
     async with (
-        listen("amqp://127.0.0.1:0", on_attach=accept_or_explode) as listener,
+        listen("amqp://127.0.0.1:0", accept=answering(accept_or_explode)) as listener,
         amqp_connect(listener.url) as bystander,
         amqp_connect(listener.url) as victim,
     ):
         await bystander.wait_opened()
-        victim.open_sender("anywhere", name="boom")
+        open_sender(victim, "anywhere", name="boom")
         with trio.fail_after(10):
             await victim.closed.wait()
         assert victim.error is not None
         assert victim.error.condition == errors.INTERNAL_ERROR
         assert "ref " in victim.error.description  # the reference the server logged
         # the listener and the other connection go on
-        sender = bystander.open_sender("anywhere", name="fine")
+        sender = open_sender(bystander, "anywhere", name="fine")
         with trio.fail_after(10):
             await sender.attached.wait()
         assert sender.detached is None
         async with amqp_connect(listener.url) as late:
-            late_sender = late.open_sender("anywhere", name="also-fine")
+            late_sender = open_sender(late, "anywhere", name="also-fine")
             with trio.fail_after(10):
                 await late_sender.attached.wait()
             assert late_sender.detached is None
 
 
 async def test_a_silent_tcp_connection_is_dropped_after_the_handshake_timeout() -> None:
-    async with listen("amqp://127.0.0.1:0", handshake_timeout=0.3) as listener:
+    async with listen("amqp://127.0.0.1:0", accept=no_links, handshake_timeout=0.3) as listener:
         stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
         async with stream:
             with trio.fail_after(10):
@@ -71,7 +73,7 @@ async def test_a_silent_tcp_connection_is_dropped_after_the_handshake_timeout() 
 
 
 async def test_a_peer_that_stops_after_the_protocol_header_is_dropped() -> None:
-    async with listen("amqp://127.0.0.1:0", handshake_timeout=0.3) as listener:
+    async with listen("amqp://127.0.0.1:0", accept=no_links, handshake_timeout=0.3) as listener:
         stream = await trio.open_tcp_stream("127.0.0.1", listener.port)
         async with stream:
             await stream.send_all(AMQP_HEADER)
@@ -87,7 +89,10 @@ async def test_a_tls_peer_that_stays_silent_after_the_tls_handshake_is_dropped(
 ) -> None:
     client_ctx = ssl.create_default_context(cafile=str(tls_files.ca_cert))
     async with listen(
-        "amqps://127.0.0.1:0", ssl_context=tls_files.server_context(), handshake_timeout=0.5
+        "amqps://127.0.0.1:0",
+        accept=no_links,
+        ssl_context=tls_files.server_context(),
+        handshake_timeout=0.5,
     ) as listener:
         tcp = await trio.open_tcp_stream("127.0.0.1", listener.port)
         stream = trio.SSLStream(tcp, client_ctx, server_hostname="127.0.0.1")
@@ -99,7 +104,7 @@ async def test_a_tls_peer_that_stays_silent_after_the_tls_handshake_is_dropped(
 
 
 async def test_past_max_connections_a_new_connection_is_closed_at_once() -> None:
-    async with listen("amqp://127.0.0.1:0", max_connections=2) as listener:
+    async with listen("amqp://127.0.0.1:0", accept=no_links, max_connections=2) as listener:
         async with amqp_connect(listener.url) as first, amqp_connect(listener.url) as second:
             await first.wait_opened()
             await second.wait_opened()
@@ -115,7 +120,7 @@ async def test_past_max_connections_a_new_connection_is_closed_at_once() -> None
 
 
 async def test_when_full_of_silent_sockets_a_real_client_evicts_the_oldest() -> None:
-    async with listen("amqp://127.0.0.1:0", max_connections=2) as listener:
+    async with listen("amqp://127.0.0.1:0", accept=no_links, max_connections=2) as listener:
         first = await trio.open_tcp_stream("127.0.0.1", listener.port)
         second = await trio.open_tcp_stream("127.0.0.1", listener.port)
         async with first, second:
@@ -168,26 +173,26 @@ async def test_the_client_survives_a_bug_in_its_own_handling_as_a_lost_connectio
         raise Boom("a bug in a client-side hook")
 
     async with (
-        listen("amqp://127.0.0.1:0", on_attach=accept_or_explode) as listener,
+        listen("amqp://127.0.0.1:0", accept=answering(accept_or_explode)) as listener,
         amqp_connect(listener.url, on_attach=explode) as conn,
     ):
         await conn.wait_opened()
         (server_conn,) = listener.connections
-        server_conn.open_sender("to-client")  # the server's attach makes the client's hook run
+        open_sender(server_conn, "to-client")  # the server's attach makes the client's hook run
         with trio.fail_after(10):
             await conn.closed.wait()
         assert isinstance(conn.error, ConnectionLostError)
         assert conn.error.condition == errors.INTERNAL_ERROR
         with pytest.raises(ConnectionLostError):
-            conn.open_sender("x")
+            open_sender(conn, "x")
 
 
 async def test_past_max_links_a_new_link_is_refused_and_the_others_go_on() -> None:
     async with (
-        listen("amqp://127.0.0.1:0", on_attach=accept_or_explode, max_links=3) as listener,
+        listen("amqp://127.0.0.1:0", accept=answering(accept_or_explode), max_links=3) as listener,
         amqp_connect(listener.url) as conn,
     ):
-        senders = [conn.open_sender("anywhere", name=f"link-{i}") for i in range(4)]
+        senders = [open_sender(conn, "anywhere", name=f"link-{i}") for i in range(4)]
         with trio.fail_after(10):
             for sender in senders:
                 await sender.attached.wait()
@@ -197,7 +202,7 @@ async def test_past_max_links_a_new_link_is_refused_and_the_others_go_on() -> No
         assert all(sender.detached is None for sender in senders[:3])
         # the bound is per connection: another connection attaches as before
         async with amqp_connect(listener.url) as other:
-            again = other.open_sender("anywhere", name="link-0")
+            again = open_sender(other, "anywhere", name="link-0")
             with trio.fail_after(10):
                 await again.attached.wait()
             assert again.detached is None

@@ -7,8 +7,10 @@ import structlog
 import trio
 
 from framework.errors import AuthenticationError
-from framework.login_throttle import LOGIN_PENALTY, LoginThrottle
-from framework.net import AmqpUrl, client_config, connect, listen, open_connection
+from framework.io.listener import listen
+from framework.io.login_throttle import LOGIN_PENALTY, LoginThrottle
+from framework.io.net import AmqpUrl, client_config, connect, open_connection
+from tests.listening import no_links
 
 USERS = {"alice": "right"}
 
@@ -59,7 +61,9 @@ async def test_wrong_passwords_are_logged_with_user_and_peer_and_slowed() -> Non
     penalty = 0.2
     throttle = LoginThrottle(penalty=penalty)
     with structlog.testing.capture_logs() as logs:
-        async with listen("amqp://127.0.0.1:0", users=USERS, login_throttle=throttle) as listener:
+        async with listen(
+            "amqp://127.0.0.1:0", accept=no_links, users=USERS, login_throttle=throttle
+        ) as listener:
             await _wrong_login(listener.url)  # the first: refused at once, the address noted
             start = trio.current_time()
             async with trio.open_nursery() as nursery:

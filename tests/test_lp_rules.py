@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from framework import wire
+from framework import handler, open_server, service
 from framework.amqp import errors
 from framework.amqp.messaging import Rejected
 from framework.amqp.performatives import (
@@ -24,9 +24,9 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.container import Server
-from framework.linkpair import LINK_PAIR_V1_0, PAIRED, paired_properties
-from framework.service import handler, open_server, service
+from framework.rpc import wire
+from framework.rpc.linkpair import LINK_PAIR_V1_0, PAIRED, paired_properties
+from framework.server.serving import Server
 from tests.service_peers import RawClient, raw_client, status
 
 
@@ -87,6 +87,51 @@ async def test_lp1_offered_even_to_a_peer_that_does_not_desire_it(server: Server
     async with raw_client(server.url, desired=()) as c:
         (open_frame,) = c.of(Open)
         assert LINK_PAIR_V1_0 in [str(cap) for cap in open_frame.offered_capabilities]
+
+
+# -- LP-3 ------------------------------------------------------------------------------------
+
+
+async def test_lp3_a_pair_is_the_two_links_of_one_name_not_any_with_mirrored_addresses(
+    server: Server, client: RawClient
+) -> None:
+    """On one connection (so between the same two containers), "$me" is the receiving link of
+    the request link's own name: not another whose addresses mirror it just as well, and none
+    at all when only links of other names mirror it."""
+    decoy = client.attach(
+        "n2", ROLE_RECEIVER, source="calc", target="me", properties=paired_properties()
+    )
+    client.engine.flow(decoy, 10)
+    sender, receiver = client.pair("calc", "n1")  # attached after the decoy: order is no clue
+    mid, _ = client.request(sender, "add", 2, 3)
+    reply = await client.wait_reply(mid)
+    assert client.replies(receiver) == [reply] and client.replies(decoy) == []
+
+    # the server's halves of the pair: one name, paired: true, own addresses mirrored
+    (open_frame,) = client.of(Open)
+    assert open_frame.container_id == server.container_id
+    (receiving,) = client.of(Attach, name="n1", role=ROLE_RECEIVER)
+    (sending,) = client.of(Attach, name="n1", role=ROLE_SENDER)
+    assert receiving.properties == sending.properties == {PAIRED: True}
+    assert receiving.source.address == sending.target.address == "me"
+    assert sending.source.address == receiving.target.address == "calc"
+
+    # mirrored addresses and paired: true on both, but two names: no pair, so "$me" names no
+    # link; the request is refused and nothing goes out on the receiving link
+    lone = client.attach(
+        "a", ROLE_SENDER, source="me", target="other", properties=paired_properties()
+    )
+    other = client.attach(
+        "b", ROLE_RECEIVER, source="other", target="me", properties=paired_properties()
+    )
+    client.engine.flow(other, 10)
+    lone_call, delivery = client.request(lone, "ping", settled=False)
+    await client.read_until(lambda: delivery.remote_settled)
+    assert isinstance(delivery.remote_state, Rejected)
+    assert delivery.remote_state.error is not None
+    assert delivery.remote_state.error.condition == errors.NOT_FOUND
+    assert client.reply_to(lone_call) is None and client.replies(other) == []
+    assert not client.of(Detach)  # each is a link of its own, attached and unharmed
 
 
 # -- LP-4 ------------------------------------------------------------------------------------

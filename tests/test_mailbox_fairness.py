@@ -16,17 +16,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
-from framework import wire
-from framework.actor import Actor
+from framework import handler, hosted, open_server, service
 from framework.amqp import errors
 from framework.amqp.events import LinkFlow, MessageReceived
 from framework.amqp.link import Link
 from framework.amqp.messaging import Message, Source, Target
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Attach, Detach, Flow
 from framework.amqp.session import SessionState
-from framework.container import RequestLink, Server
-from framework.mailbox import RESERVE_DIVISOR
-from framework.service import handler, hosted, open_server, service
+from framework.rpc import wire
+from framework.server.actor import Actor
+from framework.server.mailbox import RESERVE_DIVISOR, CreditedLink
+from framework.server.serving import Server
 from tests.service_peers import RawClient, raw_client, wait_for
 
 MAILBOX = 16  # below RESERVE_DIVISOR: no reserve, "room" is exactly the free slots
@@ -176,7 +176,7 @@ def never_over(bound: int, *swarms: Swarm) -> Callable[[], None]:
     return check
 
 
-def server_link(actor: Actor, name: str) -> RequestLink:
+def server_link(actor: Actor, name: str) -> CreditedLink:
     (origin,) = [o for o in actor.links if o.link.name == name]
     return origin
 

@@ -15,7 +15,7 @@ import pytest
 from framework.amqp.codec import MAX_ELEMENTS
 from framework.amqp.messaging import Message, Properties
 from framework.amqp.types import Symbol
-from framework.payload import JSON, MSGPACK, Encoding, PayloadError, decode_value
+from framework.rpc.payload import JSON, MSGPACK, Encoding, PayloadError, decode_value
 
 
 def body(data: bytes, content_type: str) -> Message:

@@ -1,21 +1,21 @@
 """Dispatch and outcomes over real TCP: every status code, every handler kind, both settle modes.
 
-The common paths go through our own client (``framework.client``); where the test must choose
+The common paths go through our own client (``framework.client.client``); where the test must choose
 the frames (a deadline already past, a body that is garbage, a settle mode), a bare engine.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from structlog.testing import capture_logs
 
-from framework import deadline, wire
+from framework import Client, connect, handler, open_server, service
 from framework.amqp import errors
 from framework.amqp.codec import encode_into
 from framework.amqp.messaging import Accepted, Message, Properties, Rejected
@@ -29,13 +29,12 @@ from framework.amqp.performatives import (
     Transfer,
 )
 from framework.amqp.types import Described, Symbol, ULong
-from framework.client import Client, connect
-from framework.container import Server
 from framework.errors import RemoteError
-from framework.linkpair import paired_properties
-from framework.payload import Encoding
-from framework.service import handler, open_server, service
-from framework.wire import CallError
+from framework.rpc import deadline, wire
+from framework.rpc.linkpair import paired_properties
+from framework.rpc.payload import Encoding
+from framework.rpc.wire import CallError
+from framework.server.serving import Server
 from tests.service_peers import RawClient, app_property, raw_client, status
 
 
@@ -175,9 +174,11 @@ async def test_sync_handlers_run_inline_and_blocking_ones_in_a_thread(client: Cl
     assert await client.call("svc", "in_thread") is True
 
 
-async def test_the_handler_runs_under_the_request_deadline(client: Client, raw: RawClient) -> None:
+async def test_the_handler_runs_under_the_request_deadline(
+    client: Client, raw: RawClient, io_clock: trio.testing.MockClock
+) -> None:
     left = await client.call("svc", "time_left", timeout=3)
-    assert 0 < left <= 3
+    assert left == pytest.approx(3, abs=0.002)  # no time passes: all of it (to the wire's ms)
     sender, _ = raw.pair("svc")
     mid, _ = raw.request(sender, "time_left")  # no deadline at all
     assert wire.parse_reply(await raw.wait_reply(mid)) is None
@@ -202,30 +203,42 @@ async def test_408_without_running_when_the_deadline_passed_before_arrival(
     raw: RawClient, svc: Svc
 ) -> None:
     sender, _ = raw.pair("svc")
-    message = wire.request_message("record", [1], {}, message_id=1, now=time.time() - 10, timeout=1)
+    sent_at = deadline.wall_time() - 10
+    message = wire.request_message("record", [1], {}, message_id=1, now=sent_at, timeout=1)
     raw.send(sender, message)
     reply = await raw.wait_reply(1)
     assert status(reply) == 408 and svc.ran == []
+    assert app_property(reply, wire.STATUS_DESCRIPTION) == "the deadline had passed"
 
 
 async def test_408_without_running_when_the_deadline_passes_in_the_mailbox(
-    raw: RawClient, svc: Svc
+    raw: RawClient, svc: Svc, io_clock: trio.testing.MockClock
 ) -> None:
     sender, _ = raw.pair("svc")
     first, _ = raw.request(sender, "wait")
     late, _ = raw.request(sender, "record", 1, timeout=0.2)
-    await raw.flush()
-    await trio.sleep(0.3)  # let the queued call's deadline pass while `wait` holds the actor
+    after, _ = raw.request(sender, "nope")  # answered on arrival, so `late` has arrived too
+    assert status(await raw.wait_reply(after)) == 404
+    assert raw.reply_to(late) is None  # queued behind `wait`, which holds the only worker
+    await trio.sleep(0.3)  # the queued call's deadline passes (on the mock clock)
     svc.gate.set()
-    assert status(await raw.wait_reply(late)) == 408
+    reply = await raw.wait_reply(late)
+    assert status(reply) == 408
+    assert app_property(reply, wire.STATUS_DESCRIPTION) == (
+        "the deadline passed while the call was queued"
+    )
     assert status(await raw.wait_reply(first)) == 200
     assert svc.ran == []
 
 
-async def test_a_running_async_handler_is_cancelled_at_its_deadline(raw: RawClient) -> None:
+async def test_a_running_async_handler_is_cancelled_at_its_deadline(
+    raw: RawClient, io_clock: trio.testing.MockClock
+) -> None:
     sender, _ = raw.pair("svc")
+    sent_at = trio.current_time()
     mid, _ = raw.request(sender, "wait", timeout=0.2)
     reply = await raw.wait_reply(mid)
+    assert trio.current_time() - sent_at == pytest.approx(0.2, abs=0.002)  # at it, not after
     assert status(reply) == 408
     assert "while it ran" in app_property(reply, wire.STATUS_DESCRIPTION)
     nxt, _ = raw.request(sender, "add", 1, 2)  # the actor is free again

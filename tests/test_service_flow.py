@@ -12,13 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from framework import wire
-from framework.actor import Actor
+from framework import connect, handler, open_server, service
 from framework.amqp.link import Link
 from framework.amqp.performatives import Flow
-from framework.client import connect
-from framework.container import Server
-from framework.service import handler, open_server, service
+from framework.rpc import wire
+from framework.server.actor import Actor
+from framework.server.serving import Server
 from tests.service_peers import RawClient, raw_client, wait_for
 
 BOUND = 4

@@ -7,14 +7,14 @@ from typing import Any
 import pytest
 import structlog
 import trio
+import trio.testing
 from structlog.testing import capture_logs
 
-from framework import deadline, wire
+from framework import connect, handler, open_server, remote, serve, service
 from framework.amqp.performatives import Close, Detach
-from framework.client import connect
-from framework.container import Server
 from framework.errors import RemoteError
-from framework.service import handler, open_server, remote, serve, service
+from framework.rpc import deadline, wire
+from framework.server.serving import Server
 from services.echo import Echo
 from tests.service_peers import raw_client, status, wait_for
 
@@ -166,7 +166,9 @@ async def test_cancelling_serve_answers_held_calls_then_detaches_and_closes() ->
     assert keeper.ran == [0, 1, 2] and keeper.events == ["start", "stop"]
 
 
-async def test_after_the_grace_period_calls_are_cut_short_with_503() -> None:
+async def test_after_the_grace_period_calls_are_cut_short_with_503(
+    io_clock: trio.testing.MockClock,
+) -> None:
     keeper = Keeper()
     async with trio.open_nursery() as nursery:
         server, serving = await start_serving(nursery, keeper, grace=0.2)
@@ -177,10 +179,11 @@ async def test_after_the_grace_period_calls_are_cut_short_with_503() -> None:
             queued, _ = raw.request(sender, "wait", 2)
             await raw.flush()
             await wait_for(lambda: actor.held == 2 and actor.running == 1)
+            stopped_at = trio.current_time()
             serving.cancel()  # and the gate never opens
-            for mid in (running, queued):
-                reply = await raw.wait_reply(mid)
-                assert status(reply) == 503
+            replies = [await raw.wait_reply(mid) for mid in (running, queued)]
+            assert [status(reply) for reply in replies] == [503, 503]
+            assert trio.current_time() - stopped_at == pytest.approx(0.2)  # the grace, no more
     assert keeper.ran == []
 
 
@@ -239,10 +242,14 @@ class Back:
         raise KeyError("missing")
 
 
-async def test_a_handler_calls_another_service_and_its_deadline_travels() -> None:
+async def test_a_handler_calls_another_service_and_its_deadline_travels(
+    io_clock: trio.testing.MockClock,
+) -> None:
     async with open_server(Front, Back, listen=URL) as server, connect(server.url) as client:
         inner = await client.call("front", "relay", "time_left", timeout=3)
-        assert 0 < inner < 3  # the inner call got what was left of the outer deadline
+        # the inner call got what was left of the outer deadline: on a clock that stands
+        # still, all of it (to the millisecond of the wire's two hops), not its own 30 s
+        assert inner == pytest.approx(3, abs=0.003)
         with pytest.raises(RemoteError) as exc:
             await client.call("front", "relay", "fail")
         # back told front nothing of its KeyError, and front tells its caller nothing more
@@ -269,13 +276,15 @@ async def test_remote_from_on_start_needs_a_call_url() -> None:
 # -- the echo service --------------------------------------------------------------------------
 
 
-async def test_echo_service_echoes_and_sleeps() -> None:
+async def test_echo_service_echoes_and_sleeps(io_clock: trio.testing.MockClock) -> None:
     async with open_server(Echo, listen=URL) as server, connect(server.url) as client:
         echo = await client.service("echo")
         assert await echo.echo("hi") == "hi"
         assert await echo.echo({"nested": [1, 2.5, None, b"raw"]}) == {
             "nested": [1, 2.5, None, b"raw"]
         }
+        start = trio.current_time()
         assert await echo.sleep(0.01) is None
+        assert trio.current_time() - start == pytest.approx(0.01)
         with pytest.raises(TimeoutError):
             await echo.call("sleep", 5, timeout=0.1)

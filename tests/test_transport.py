@@ -16,10 +16,12 @@ from framework.amqp.framing import AMQP_HEADER, FrameReader, encode_frame
 from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Error, Message, Rejected
 from framework.amqp.performatives import Attach, Begin, Open
-from framework.endpoints import Receiver
 from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
-from framework.net import Listener, connect, listen, open_connection
-from framework.transport import AmqpConnection
+from framework.io.connection import AmqpConnection
+from framework.io.links import Receiver, accept_receiver, open_sender
+from framework.io.listener import Listener, listen
+from framework.io.net import connect, open_connection
+from tests.listening import EachLink, answering
 from tests.tls import CLIENT_IDENTITY, TlsFiles
 
 
@@ -30,6 +32,11 @@ class QueueNode:
         self.nursery = nursery  # where the consumers run
         self.got: dict[str, list[Message]] = {}
         self.reject_address = "reject-me"
+        self.users: list[str | None] = []  # each connection's SASL identity, as accepted
+
+    def accept(self, conn: AmqpConnection) -> EachLink:
+        self.users.append(conn.sasl_identity)
+        return EachLink(conn, self.on_attach)
 
     def on_attach(self, conn: AmqpConnection, link: Link) -> None:
         if link.is_receiver:  # the peer sends to us
@@ -37,7 +44,7 @@ class QueueNode:
             if address == "missing":
                 conn.refuse(link, Error(condition=errors.NOT_FOUND, description="no such node"))
                 return
-            receiver = conn.accept_receiver(link, credit=50)
+            receiver = accept_receiver(conn, link, credit=50)
             self.nursery.start_soon(self._drain, receiver, str(address))
         else:
             conn.refuse(link, Error(condition=errors.NOT_IMPLEMENTED))
@@ -52,17 +59,17 @@ class QueueNode:
 
 
 @asynccontextmanager
-async def queue_server(**kwargs: Any) -> AsyncIterator[tuple[Listener, QueueNode]]:
+async def queue_server(**kwargs: Any) -> AsyncIterator[tuple[Listener[EachLink], QueueNode]]:
     async with trio.open_nursery() as nursery:
         node = QueueNode(nursery)
-        async with listen("amqp://127.0.0.1:0", on_attach=node.on_attach, **kwargs) as listener:
+        async with listen("amqp://127.0.0.1:0", accept=node.accept, **kwargs) as listener:
             yield listener, node
         nursery.cancel_scope.cancel()
 
 
 async def test_thousand_messages_including_one_mib_all_accepted() -> None:
     async with queue_server() as (listener, node), connect(listener.url) as conn:
-        sender = conn.open_sender("q")
+        sender = open_sender(conn, "q")
         async with trio.open_nursery() as nursery:
             outcomes: list[Any] = []
 
@@ -81,7 +88,7 @@ async def test_thousand_messages_including_one_mib_all_accepted() -> None:
 
 async def test_rejected_outcome_reaches_the_sender() -> None:
     async with queue_server() as (listener, _), connect(listener.url) as conn:
-        delivery = await conn.open_sender("reject-me").send(Message(body="no"))
+        delivery = await open_sender(conn, "reject-me").send(Message(body="no"))
         assert isinstance(delivery.remote_state, Rejected)
         assert delivery.remote_state.error is not None
         assert delivery.remote_state.error.condition == errors.NOT_ALLOWED
@@ -89,7 +96,7 @@ async def test_rejected_outcome_reaches_the_sender() -> None:
 
 async def test_an_undecodable_message_is_rejected_and_the_link_lives_on() -> None:
     async with queue_server() as (listener, node), connect(listener.url) as conn:
-        sender = conn.open_sender("q")
+        sender = open_sender(conn, "q")
         bad = await sender.send(b"\xff\x00 not an AMQP message")
         assert isinstance(bad.remote_state, Rejected)
         assert bad.remote_state.error is not None
@@ -101,7 +108,7 @@ async def test_an_undecodable_message_is_rejected_and_the_link_lives_on() -> Non
 
 async def test_refused_link_raises_link_detached_with_the_condition() -> None:
     async with queue_server() as (listener, _), connect(listener.url) as conn:
-        sender = conn.open_sender("missing")
+        sender = open_sender(conn, "missing")
         with pytest.raises(LinkDetachedError) as exc:
             await sender.send(Message(body="x"))
         assert exc.value.condition == errors.NOT_FOUND
@@ -112,7 +119,7 @@ async def test_sasl_plain_accepted_and_wrong_password_refused() -> None:
     async with queue_server(users=users) as (listener, node):
         async with connect(f"amqp://alice:pw@127.0.0.1:{listener.port}") as conn:
             await conn.wait_opened()
-            await conn.open_sender("q").send(Message(body="hi"))
+            await open_sender(conn, "q").send(Message(body="hi"))
         assert node.got["q"][0].body == "hi"
         with pytest.raises(AuthenticationError):
             async with connect(f"amqp://alice:nope@127.0.0.1:{listener.port}") as conn:
@@ -123,7 +130,7 @@ async def test_tls_both_ways(tls_files: TlsFiles) -> None:
     async with queue_server(ssl_context=tls_files.server_context()) as (listener, node):
         url = f"amqps://127.0.0.1:{listener.port}"
         async with connect(url, ssl_context=tls_files.client_context()) as conn:
-            await conn.open_sender("q").send(Message(body="secret"))
+            await open_sender(conn, "q").send(Message(body="secret"))
         assert node.got["q"][0].body == "secret"
 
 
@@ -139,18 +146,12 @@ async def test_an_untrusted_server_certificate_fails_the_handshake_with_its_reas
 
 async def test_sasl_external_takes_the_tls_client_certificate(tls_files: TlsFiles) -> None:
     server_ctx = tls_files.server_context(require_client_cert=True)
-    identities: list[str | None] = []
-
-    async def handler(conn: AmqpConnection) -> None:
-        await conn.wait_opened()
-        identities.append(conn.engine.sasl_identity)
-
-    async with queue_server(ssl_context=server_ctx, users={}, handler=handler) as (listener, _):
+    async with queue_server(ssl_context=server_ctx, users={}) as (listener, node):
         url = f"amqps://127.0.0.1:{listener.port}"
         client_ctx = tls_files.client_context(with_client_cert=True)
         async with connect(url, ssl_context=client_ctx, sasl="EXTERNAL") as conn:
             await conn.wait_opened()
-    assert identities == [CLIENT_IDENTITY]
+    assert node.users == [CLIENT_IDENTITY]
 
 
 async def silent_peer(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -188,7 +189,7 @@ async def test_peer_close_with_error_fails_waiting_senders() -> None:
         await server_conn.close(Error(condition=errors.CONNECTION_FORCED, description="bye"))
         await conn.closed.wait()
         with pytest.raises(ConnectionLostError) as exc:
-            await conn.open_sender("q").send(Message(body="late"))
+            await open_sender(conn, "q").send(Message(body="late"))
         assert exc.value.condition == errors.CONNECTION_FORCED
 
 
@@ -242,7 +243,7 @@ async def test_writes_are_batched_into_one_send() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert counting.sends == 1  # protocol header and open
         for i in range(20):
-            conn.open_sender(f"a{i}")
+            open_sender(conn, f"a{i}")
         await trio.testing.wait_all_tasks_blocked()
         assert counting.sends == 2  # begin and twenty attaches
         reader = FrameReader()
@@ -267,7 +268,7 @@ async def test_held_input_answers_a_pipelined_attach_after_a_round_trip_elsewher
         async def answer_later(conn: AmqpConnection, link: Link, release: Any) -> None:
             await trio.sleep(0.2)  # the round trip elsewhere
             answered_at.append(trio.current_time())
-            receiver = conn.accept_receiver(link, credit=5)
+            receiver = accept_receiver(conn, link, credit=5)
             release()
             async for item in receiver:
                 got.append(item.message)
@@ -277,10 +278,10 @@ async def test_held_input_answers_a_pipelined_attach_after_a_round_trip_elsewher
             nursery.start_soon(answer_later, conn, link, conn.hold_input())
 
         async with (
-            listen("amqp://127.0.0.1:0", on_attach=on_attach) as listener,
+            listen("amqp://127.0.0.1:0", accept=answering(on_attach)) as listener,
             connect(listener.url) as conn,
         ):
-            sender = conn.open_sender("q")
+            sender = open_sender(conn, "q")
             started = trio.current_time()
             first = await sender.send(Message(body="pipelined"), presume_credit=True)
             second = await sender.send(Message(body="then"))

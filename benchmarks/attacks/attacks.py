@@ -34,12 +34,12 @@ from benchmarks.attacks.wire import (
     request,
     wire_to,
 )
-from framework import net
-from framework import wire as rpc_wire
 from framework.amqp.messaging import Error
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Detach
 from framework.amqp.sasl import SaslClient
-from framework.net import AmqpUrl
+from framework.io import net
+from framework.io.net import AmqpUrl
+from framework.rpc import wire as rpc_wire
 
 SERVE = ("framework", "serve", "--listen", LISTEN)
 """``python -m framework serve ... --listen amqp://127.0.0.1:0``: the server of most attacks."""

@@ -12,7 +12,6 @@ import attrs
 import trio
 
 from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase
-from framework import wire as rpc_wire
 from framework.amqp.framing import (
     AMQP_HEADER,
     FRAME_SASL,
@@ -37,9 +36,10 @@ from framework.amqp.performatives import (
     Transfer,
 )
 from framework.amqp.sasl import SaslClient
-from framework.linkpair import LINK_PAIR_V1_0, paired_properties
-from framework.net import AmqpUrl
-from framework.payload import Encoding
+from framework.io.net import AmqpUrl
+from framework.rpc import wire as rpc_wire
+from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from framework.rpc.payload import Encoding
 
 MIB = 1 << 20
 CHUNK = MIB

@@ -29,7 +29,7 @@ from .events import (
     SessionBegun,
     SessionEnded,
 )
-from .link import IncomingBytes, Link, LinkError, LinkState
+from .link import IncomingBytes, Link, LinkError, LinkSession, LinkState
 from .messaging import Error
 from .performatives import Attach, Begin, Detach, Disposition, End, Flow, Transfer
 from .session import Session, SessionState
@@ -66,7 +66,7 @@ class Channels:
         self.sessions: dict[int, Session] = {}  # by our channel
         self._remote_sessions: dict[int, Session] = {}  # by the peer's channel
         self.peer_channel_max: int | None = None  # from the peer's open
-        self.dirty: set[Session] = set()  # sessions with queued dispositions
+        self.dirty: set[LinkSession] = set()  # sessions with queued dispositions
         self.refill: set[Session] = set()  # sessions whose incoming window runs low
         self._config = config
         self._incoming = incoming
@@ -205,7 +205,7 @@ class Channels:
             return
         if requested:
             # pause so the user can answer (and grant credit) before a pipelined transfer
-            # on this link is read (LP-10); receive_data(b"") resumes
+            # on this link is read (LP-10); resume_input() goes on
             self._pause()
             events.append(LinkAttachRequested(link))
         else:

@@ -14,9 +14,10 @@ The scalar types (fixed and variable width: numbers, strings, binary...) are enc
 one value at a time in scalars.py; this module has the compound ones (lists, maps, arrays,
 described values), the dispatch tables over all of them, the bounds of a decode and the public
 entry points. Described classes (``@composite``/``@restricted``) are compiled in described.py,
-from the encoders and decoders of both; it registers them in ``_ENCODERS`` (by type) and
-``_CLASS_DEC`` (by descriptor), which is all this module needs to encode and decode them.
-Nothing here imports described.py, so there is no cycle.
+from the encoders and decoders of both, and registered here (``register_class``): by type in
+``ENCODERS`` and by descriptor in ``CLASS_DECODERS``, which is all this module needs to encode
+and decode them. The names described.py builds from are public (it imports no private name);
+nothing here imports described.py, so there is no cycle.
 """
 
 from __future__ import annotations
@@ -30,29 +31,31 @@ from typing import Any
 
 from framework.amqp.errors import DecodeError
 from framework.amqp.scalars import (
-    _PLAIN_SCALARS,
+    PLAIN_SCALARS,
     Decoder,
     Encoder,
-    _e_binary,
-    _e_bool,
-    _e_byte,
-    _e_char,
-    _e_double,
-    _e_float,
-    _e_int,
-    _e_long,
-    _e_null,
-    _e_short,
-    _e_string,
-    _e_symbol,
-    _e_timestamp,
-    _e_ubyte,
-    _e_uint,
-    _e_ulong,
-    _e_ushort,
-    _e_uuid,
-    _raw,
-    _short,
+    encode_binary,
+    encode_bool,
+    encode_byte,
+    encode_char,
+    encode_decimal32,
+    encode_decimal64,
+    encode_decimal128,
+    encode_double,
+    encode_float,
+    encode_int,
+    encode_long,
+    encode_null,
+    encode_short,
+    encode_string,
+    encode_symbol,
+    encode_timestamp,
+    encode_ubyte,
+    encode_uint,
+    encode_ulong,
+    encode_ushort,
+    encode_uuid,
+    overrun,
 )
 from framework.amqp.types import (
     Array,
@@ -129,54 +132,54 @@ def _finish(out: bytearray, pos: int, count: int, code8: int) -> None:
         out[pos : pos + 3] = _P_BII(code8 + 0x10, size + 3, count)
 
 
-def _e_list(v: Any, out: bytearray) -> None:
+def encode_list(v: Any, out: bytearray) -> None:
     if not v:
         out.append(0x45)
         return
     pos = len(out)
     out += b"\xc0\x00\x00"
-    encs = _ENCODERS
+    encs = ENCODERS
     for item in v:
-        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+        (encs.get(type(item)) or resolve_encoder(type(item)))(item, out)
     _finish(out, pos, len(v), 0xC0)
 
 
-def _e_map(v: Any, out: bytearray) -> None:
+def encode_map(v: Any, out: bytearray) -> None:
     pos = len(out)
     out += b"\xc1\x00\x00"
-    encs = _ENCODERS
+    encs = ENCODERS
     for key, item in v.items():
-        (encs.get(type(key)) or _resolve(type(key)))(key, out)
-        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+        (encs.get(type(key)) or resolve_encoder(type(key)))(key, out)
+        (encs.get(type(item)) or resolve_encoder(type(item)))(item, out)
     _finish(out, pos, 2 * len(v), 0xC1)
 
 
-def _e_fields(v: Any, out: bytearray) -> None:
+def encode_fields(v: Any, out: bytearray) -> None:
     """A map whose plain ``str`` keys go out as symbols (fields, annotations, filter-set)."""
     pos = len(out)
     out += b"\xc1\x00\x00"
-    encs = _ENCODERS
+    encs = ENCODERS
     for key, item in v.items():
         if type(key) is str:
-            _e_symbol(key, out)
+            encode_symbol(key, out)
         else:
-            (encs.get(type(key)) or _resolve(type(key)))(key, out)
-        (encs.get(type(item)) or _resolve(type(item)))(item, out)
+            (encs.get(type(key)) or resolve_encoder(type(key)))(key, out)
+        (encs.get(type(item)) or resolve_encoder(type(item)))(item, out)
     _finish(out, pos, 2 * len(v), 0xC1)
 
 
-def _e_descriptor(d: Any, out: bytearray) -> None:
+def encode_descriptor(d: Any, out: bytearray) -> None:
     if isinstance(d, int) and not isinstance(d, bool):
-        _e_ulong(d, out)
+        encode_ulong(d, out)
     elif isinstance(d, str):
-        _e_symbol(d, out)
+        encode_symbol(d, out)
     else:
         encode_into(d, out)
 
 
 def _e_described(v: Any, out: bytearray) -> None:
     out.append(0x00)
-    _e_descriptor(v.descriptor, out)
+    encode_descriptor(v.descriptor, out)
     encode_into(v.value, out)
 
 
@@ -227,7 +230,7 @@ def _split(enc: bytearray) -> tuple[bytes, int, bytes]:
     return bytes(enc[:i]), enc[i], bytes(enc[i + 1 :])
 
 
-def _e_array(v: Any, out: bytearray) -> None:
+def encode_array(v: Any, out: bytearray) -> None:
     forced = getattr(v, "element_code", None)
     if not v:
         out += bytes((0xE0, 2, 0, 0x40 if forced is None else forced))
@@ -267,30 +270,32 @@ def _e_array(v: Any, out: bytearray) -> None:
     out += body
 
 
-_ENCODERS: dict[type, Encoder] = {
-    type(None): _e_null, bool: _e_bool, int: _e_long, float: _e_double, str: _e_string,
-    bytes: _e_binary, bytearray: _e_binary, memoryview: _e_binary, list: _e_list,
-    tuple: _e_list, dict: _e_map, Symbol: _e_symbol, Char: _e_char, UByte: _e_ubyte,
-    UShort: _e_ushort, UInt: _e_uint, ULong: _e_ulong, Byte: _e_byte, Short: _e_short,
-    Int: _e_int, Long: _e_long, Float32: _e_float, Decimal32: _raw(0x74), Decimal64: _raw(0x84),
-    Decimal128: _raw(0x94), datetime.datetime: _e_timestamp, uuid.UUID: _e_uuid,
-    Array: _e_array, Described: _e_described,
+ENCODERS: dict[type, Encoder] = {
+    type(None): encode_null, bool: encode_bool, int: encode_long, float: encode_double,
+    str: encode_string, bytes: encode_binary, bytearray: encode_binary,
+    memoryview: encode_binary, list: encode_list, tuple: encode_list, dict: encode_map,
+    Symbol: encode_symbol, Char: encode_char, UByte: encode_ubyte, UShort: encode_ushort,
+    UInt: encode_uint, ULong: encode_ulong, Byte: encode_byte, Short: encode_short,
+    Int: encode_int, Long: encode_long, Float32: encode_float, Decimal32: encode_decimal32,
+    Decimal64: encode_decimal64, Decimal128: encode_decimal128,
+    datetime.datetime: encode_timestamp, uuid.UUID: encode_uuid, Array: encode_array,
+    Described: _e_described,
 }  # fmt: skip
 
 
-def _resolve(t: type) -> Encoder:
+def resolve_encoder(t: type) -> Encoder:
     """Find (and cache) the encoder of a subclass of a supported type, e.g. an ``IntEnum``."""
     for base in t.__mro__[1:]:
-        enc = _ENCODERS.get(base)
+        enc = ENCODERS.get(base)
         if enc is not None:
-            _ENCODERS[t] = enc
+            ENCODERS[t] = enc
             return enc
     raise TypeError(f"cannot encode a {t.__qualname__} as AMQP")
 
 
 def encode_into(value: Any, out: bytearray) -> None:
     """Append the smallest AMQP encoding of ``value`` to ``out`` (type chosen by Python type)."""
-    (_ENCODERS.get(type(value)) or _resolve(type(value)))(value, out)
+    (ENCODERS.get(type(value)) or resolve_encoder(type(value)))(value, out)
 
 
 def encode(value: Any) -> bytes:
@@ -306,7 +311,7 @@ def encode(value: Any) -> bytes:
 
 def _bad_compound(buf: Any, off: int, end: int, count: int) -> DecodeError:
     if end > len(buf):
-        return _short(buf, end)
+        return overrun(buf, end)
     if count > end - off:
         return DecodeError(f"count {count} cannot fit in {end - off} byte(s)")
     return DecodeError(f"nesting deeper than {MAX_DEPTH}")
@@ -322,7 +327,7 @@ def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[A
         raise _over_budget()
     cell[0] = left
     depth += 1
-    dec = _DEC
+    dec = DECODERS
     items: list[Any] = []
     append = items.append
     for _ in range(count):
@@ -354,7 +359,7 @@ def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
         raise _over_budget()
     cell[0] = left
     depth += 1
-    dec = _DEC
+    dec = DECODERS
     result: dict[Any, Any] = {}
     for _ in range(count >> 1):
         k, off = dec[buf[off]](buf, off + 1, depth)
@@ -381,7 +386,7 @@ def _d_map32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
 
 def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
     if end > len(buf):
-        raise _short(buf, end)
+        raise overrun(buf, end)
     if depth >= MAX_DEPTH:
         raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
     depth += 1
@@ -389,7 +394,7 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     code = buf[off]
     off += 1
     while code == 0x00:
-        d, off = _descriptor(buf, off, depth)
+        d, off = decode_descriptor(buf, off, depth)
         descriptors.append(d)
         code = buf[off]
         off += 1
@@ -398,7 +403,7 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     # Zero-width elements take no bytes, so bound their count by a fixed amplification instead.
     if count > (8 * (end - off + 1) if code in _ZERO_WIDTH else end - off):
         raise DecodeError(f"array count {count} cannot fit in its {end - off} byte(s)")
-    inner = _CLASS_DEC.get(descriptors[-1]) if descriptors else None
+    inner = CLASS_DECODERS.get(descriptors[-1]) if descriptors else None
     # each element is its value (and a class instance's fields), plus a ``Described`` for each
     # descriptor no class takes
     per = len(descriptors) + (_CLASS_WEIGHT[descriptors[-1]] if inner is not None else 1)
@@ -414,7 +419,7 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
             v, off = inner(code, buf, off, depth)
             append(v)
     else:
-        dec = _DEC[code]
+        dec = DECODERS[code]
         for _ in range(count):
             v, off = dec(buf, off, depth)
             append(v)
@@ -438,10 +443,10 @@ def _d_array32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     return _array(buf, off + 8, off + 4 + size, count, depth)
 
 
-def _descriptor(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def decode_descriptor(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     """A descriptor: a ulong (as a plain ``int``) or a symbol. Part 1 §1.5 reserves any other
     type, and only these two encode back as descriptors, so the rest is a decode error."""
-    desc, off = _DEC[buf[off]](buf, off + 1, depth)
+    desc, off = DECODERS[buf[off]](buf, off + 1, depth)
     t = type(desc)
     if t is ULong:
         return int(desc), off
@@ -458,8 +463,8 @@ def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
         desc: Any = buf[off + 1]
         off += 2
     else:
-        desc, off = _descriptor(buf, off, depth)
-    cdec = _CLASS_DEC.get(desc)
+        desc, off = decode_descriptor(buf, off, depth)
+    cdec = CLASS_DECODERS.get(desc)
     # a class's fields, or a ``Described`` with its descriptor and value, wherever a described
     # value may stand (a list of them would otherwise be counted one value each)
     cell = _BUDGET.cell
@@ -469,7 +474,7 @@ def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     cell[0] = left
     if cdec is not None:
         return cdec(buf[off], buf, off + 1, depth)
-    value, off = _DEC[buf[off]](buf, off + 1, depth)
+    value, off = DECODERS[buf[off]](buf, off + 1, depth)
     return Described(desc, value), off
 
 
@@ -483,7 +488,7 @@ def _wrap(cls: Callable[[Any], Any], plain: Decoder) -> Decoder:
     return dec
 
 
-def _bad_code(code: int, what: str = "AMQP value") -> Decoder:
+def invalid_constructor(code: int, what: str = "AMQP value") -> Decoder:
     def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
         raise DecodeError(f"constructor 0x{code:02x} is not a valid {what}")
 
@@ -491,9 +496,8 @@ def _bad_code(code: int, what: str = "AMQP value") -> Decoder:
 
 
 # Plain decoders per AMQP type name (codes accepted for that type -> payload decoder).
-# Plain decoders per AMQP type name (codes accepted for that type -> payload decoder).
-_PLAIN: dict[str, dict[int, Decoder]] = {
-    **_PLAIN_SCALARS,
+PLAIN_DECODERS: dict[str, dict[int, Decoder]] = {
+    **PLAIN_SCALARS,
     "list": {0x45: lambda buf, off, depth: ([], off), 0xC0: _d_list8, 0xD0: _d_list32},
     "map": {0xC1: _d_map8, 0xD1: _d_map32},
     "array": {0xE0: _d_array8, 0xF0: _d_array32},
@@ -502,21 +506,46 @@ _PLAIN: dict[str, dict[int, Decoder]] = {
 _WRAPPERS: dict[str, type] = {"ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
                               "byte": Byte, "short": Short, "int": Int}  # fmt: skip
 
-_DEC: list[Decoder] = [_bad_code(c) for c in range(256)]
-for _name, _codes in _PLAIN.items():
+DECODERS: list[Decoder] = [invalid_constructor(c) for c in range(256)]
+for _name, _codes in PLAIN_DECODERS.items():
     for _code, _plain in _codes.items():
-        _DEC[_code] = _wrap(_WRAPPERS[_name], _plain) if _name in _WRAPPERS else _plain
-_DEC[0x00] = _d_described
-_ELEMENT_CODES = frozenset(c for codes in _PLAIN.values() for c in codes)
+        DECODERS[_code] = _wrap(_WRAPPERS[_name], _plain) if _name in _WRAPPERS else _plain
+DECODERS[0x00] = _d_described
+_ELEMENT_CODES = frozenset(c for codes in PLAIN_DECODERS.values() for c in codes)
 """Constructors an array's elements may share (every primitive one; descriptors come before)."""
 
 # Described-class decoders, keyed by ulong code and by symbolic name (filled by described.py):
 # ``(format_code, buf, off, depth) -> (instance, off)`` with ``off`` just past the format code.
 ClassDecoder = Callable[[int, Any, int, int], tuple[Any, int]]
-_CLASS_DEC: dict[Any, ClassDecoder] = {}
+CLASS_DECODERS: dict[Any, ClassDecoder] = {}
 _CLASS_WEIGHT: dict[Any, int] = {}
 """Values an instance builds besides itself (a composite's declared fields), by descriptor."""
 _UNCLASSED_WEIGHT = 3  # a ``Described`` of no class: itself, its descriptor and its value
+
+
+def register_class(
+    cls: type, descriptors: tuple[Any, ...], enc: Encoder, dec: ClassDecoder, weight: int
+) -> None:
+    """Encode ``cls`` with ``enc``; decode a value described by any of ``descriptors`` (its
+    code and name) with ``dec``, counting ``weight`` values besides the instance itself
+    against the decode's ``max_elements``."""
+    ENCODERS[cls] = enc
+    for descriptor in descriptors:
+        CLASS_DECODERS[descriptor] = dec
+        _CLASS_WEIGHT[descriptor] = weight
+
+
+def skip_values(buf: Any, off: int, n: int, depth: int) -> int:
+    """Step over ``n`` values (a composite's trailing fields from a newer peer: the spec says
+    to ignore them), counted against the decode's budget; the offset just past them."""
+    cell = _BUDGET.cell
+    left = cell[0] - n
+    if left < 0:
+        raise _over_budget()
+    cell[0] = left
+    for _ in range(n):
+        _, off = DECODERS[buf[off]](buf, off + 1, depth)
+    return off
 
 
 def decode_from(
@@ -532,7 +561,7 @@ def decode_from(
 def decode_more(buf: bytes | bytearray | memoryview, offset: int) -> tuple[Any, int]:
     """``decode_from`` within the budget ``start_budget`` began (the next of several values)."""
     try:
-        return _DEC[buf[offset]](buf, offset + 1, 0)
+        return DECODERS[buf[offset]](buf, offset + 1, 0)
     except DECODE_FAULTS as exc:
         raise as_decode_error(exc) from None
 

@@ -1,13 +1,14 @@
 """The AMQP 1.0 connection engine (Part 2 §2.2-2.8, Part 5 §5.3), sans-IO.
 
-Bytes go in through ``receive_data`` and come back as events; every action of the user
-(``open``, ``begin``, ``attach``, ``send``...) queues frames that ``data_to_send`` drains. Time
-enters only as numbers the caller passes (``tick(now)``, and ``now`` with the bytes, so idle
-detection knows when input really came). Anything illegal the peer sends is answered by a
-``close`` carrying the right error condition and reported as a ``ProtocolViolation``: nothing
-raised by bad input escapes ``receive_data``, and what a peer can make the engine hold has a
-bound in ``ConnectionConfig``. Protocol headers and SASL are handshake.py's; sessions by channel
-and the session and link performatives of the peer are channels.py's.
+Bytes go in through ``receive_data`` and come back as events (``receive_data(b"")``: the
+peer's input has ended, as in h11); every action of the user (``open``, ``begin``, ``attach``,
+``send``...) queues frames that ``data_to_send`` drains. Time enters only as numbers the caller
+passes (``tick(now)``, and ``now`` with the bytes, so idle detection knows when input really
+came). Anything illegal the peer sends is answered by a ``close`` carrying the right error
+condition and reported as a ``ProtocolViolation``: nothing raised by bad input escapes
+``receive_data``, and what a peer can make the engine hold has a bound in ``ConnectionConfig``.
+Protocol headers and SASL are handshake.py's; sessions by channel and the session and link
+performatives of the peer are channels.py's.
 
 Pipelining is allowed where the spec allows it: frames queued before the peer's protocol
 header, SASL outcome or open arrive are held and written in order as soon as the AMQP header
@@ -181,6 +182,7 @@ class Connection:
         self._handshake.phase = Phase.DONE
         self.transport_done = True
         self.next_deadline = None
+        self.input_paused = False  # nothing more is read: no input is left to resume
 
     # -- sessions --------------------------------------------------------------------------
 
@@ -396,7 +398,8 @@ class Connection:
         return events
 
     def connection_lost(self) -> list[Event]:
-        """The byte stream is gone; unless the close handshake finished, that is a failure."""
+        """The byte stream is gone (the peer's EOF, or a failed read or write); unless the
+        close handshake finished, that is a failure (``TransportFailed``)."""
         if self._handshake.phase is Phase.DONE and self._close_received:
             return []
         was_done = self._handshake.phase is Phase.DONE
@@ -410,20 +413,36 @@ class Connection:
     ) -> list[Event]:
         """Feed received bytes; returns what they meant. Never raises.
 
-        Reading stops after a ``LinkAttachRequested`` (``input_paused`` is then True): answer
-        the attach, then call ``receive_data(b"")`` to go on with the bytes still buffered.
-        ``now`` (the caller's clock when the bytes arrived) is the last input time that the
-        idle timeout counts from. A peer's breach closes the connection with its condition; a
-        fault of ours while handling input (a bug, a failing SASL callback) closes it with
-        ``amqp:internal-error`` and reports the exception as the violation's ``cause``.
+        Empty ``data`` is the peer's EOF: the same as ``connection_lost``. Reading stops after
+        a ``LinkAttachRequested`` (``input_paused`` is then True): answer the attach, then call
+        ``resume_input`` to go on with the bytes already received. ``now`` (the caller's clock
+        when the bytes arrived) is the last input time that the idle timeout counts from. A
+        peer's breach closes the connection with its condition; a fault of ours while handling
+        input (a bug, a failing SASL callback) closes it with ``amqp:internal-error`` and
+        reports the exception as the violation's ``cause``.
         """
+        if not data:
+            return self.connection_lost()
         events: list[Event] = []
         if self._handshake.phase is Phase.DONE:
             return events
-        if data:
-            self._liveness.received(now)
-        self.input_paused = False
+        self._liveness.received(now)
         self._reader.feed(data)
+        self._read(events)
+        return events
+
+    def resume_input(self) -> list[Event]:
+        """Go on reading the bytes already received, once the ``LinkAttachRequested`` that
+        paused the input (``input_paused``) is answered; returns what they meant, as
+        ``receive_data`` does, and may pause again at the next attach request."""
+        events: list[Event] = []
+        if self._handshake.phase is not Phase.DONE:
+            self._read(events)
+        return events
+
+    def _read(self, events: list[Event]) -> None:
+        """Turn the buffered input into events until it runs out or pauses again."""
+        self.input_paused = False
         try:
             self._process(events)
             self._channels.write_refills()
@@ -431,7 +450,6 @@ class Connection:
             self._fail(exc.condition, exc.description, events)
         except Exception as exc:  # the backstop: one connection's fault stays in it
             self._fail(errors.INTERNAL_ERROR, f"{type(exc).__name__} handling input", events, exc)
-        return events
 
     def _process(self, events: list[Event]) -> None:
         reader = self._reader

@@ -8,68 +8,66 @@ under the class's descriptor code and symbolic name.
 
 It is apart from codec.py because it is a different job: codec.py and scalars.py are the type
 system (the per-type encoders and the constructor-byte decoder tables); this module compiles
-class declarations on top of it. It builds from their own encoder and decoder functions (hence
-the private imports: the three modules are one codec in three files) and fills the dictionaries
-the codec consults at run time, ``_ENCODERS`` by type and ``_CLASS_DEC`` by descriptor. Neither
+class declarations on top of it. It builds from their public encoder and decoder functions and
+tables (the three modules are one codec in three files) and registers each class with the codec
+(``register_class``), which then encodes it by type and decodes it by descriptor. Neither
 imports anything from here, so there is no cycle; a class decodes as itself once the module
 declaring it (messaging.py, performatives.py) has been imported.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform
 
 import attrs
 
 from framework.amqp.codec import (
-    _BUDGET,
-    _CLASS_DEC,
-    _CLASS_WEIGHT,
-    _DEC,
-    _ENCODERS,
-    _P_BII,
-    _PLAIN,
-    _U_II,
+    CLASS_DECODERS,
+    DECODERS,
+    ENCODERS,
     MAX_DEPTH,
+    PLAIN_DECODERS,
     ClassDecoder,
-    _bad_code,
-    _d_array8,
-    _d_array32,
-    _descriptor,
-    _e_array,
-    _e_descriptor,
-    _e_fields,
-    _e_list,
-    _e_map,
-    _over_budget,
-    _resolve,
+    decode_descriptor,
+    encode_array,
+    encode_descriptor,
+    encode_fields,
     encode_into,
+    encode_list,
+    encode_map,
+    invalid_constructor,
+    register_class,
+    resolve_encoder,
+    skip_values,
 )
 from framework.amqp.errors import INVALID_FIELD, DecodeError, LocalProtocolError
 from framework.amqp.scalars import (
-    _UINT_SMALL,
+    UINT_SMALL,
     Decoder,
     Encoder,
-    _d_null,
-    _e_binary,
-    _e_bool,
-    _e_byte,
-    _e_char,
-    _e_double,
-    _e_float,
-    _e_int,
-    _e_long,
-    _e_short,
-    _e_string,
-    _e_symbol,
-    _e_timestamp,
-    _e_ubyte,
-    _e_uint,
-    _e_ulong,
-    _e_ushort,
-    _e_uuid,
-    _raw,
+    decode_null,
+    encode_binary,
+    encode_bool,
+    encode_byte,
+    encode_char,
+    encode_decimal32,
+    encode_decimal64,
+    encode_decimal128,
+    encode_double,
+    encode_float,
+    encode_int,
+    encode_long,
+    encode_short,
+    encode_string,
+    encode_symbol,
+    encode_timestamp,
+    encode_ubyte,
+    encode_uint,
+    encode_ulong,
+    encode_ushort,
+    encode_uuid,
 )
 from framework.amqp.types import (
     FIELD_META,
@@ -92,6 +90,9 @@ from framework.amqp.types import (
 
 _T = TypeVar("_T")
 
+_P_BII = struct.Struct(">BII").pack  # a list32 header: constructor, size, count
+_U_II = struct.Struct(">II").unpack_from
+
 _CLASSES: dict[Any, type] = {}
 """Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
 _VALUE_DEC: dict[type, ClassDecoder] = {}
@@ -104,19 +105,20 @@ and of each composite under its own type name (``error``): what a ``requires`` f
 def _e_message_id(v: Any, out: bytearray) -> None:
     """Message ids are ulong, uuid, binary or string: a plain int can only mean ulong."""
     if type(v) is int:
-        _e_ulong(v, out)
+        encode_ulong(v, out)
     else:
         encode_into(v, out)
 
 
 _FIELD_ENC: dict[str, Encoder] = {
-    "boolean": _e_bool, "ubyte": _e_ubyte, "ushort": _e_ushort, "uint": _e_uint,
-    "ulong": _e_ulong, "byte": _e_byte, "short": _e_short, "int": _e_int, "long": _e_long,
-    "float": _e_float, "double": _e_double, "decimal32": _raw(0x74), "decimal64": _raw(0x84),
-    "decimal128": _raw(0x94), "char": _e_char, "timestamp": _e_timestamp, "uuid": _e_uuid,
-    "binary": _e_binary, "string": _e_string, "symbol": _e_symbol, "list": _e_list,
-    "map": _e_map, "fields": _e_fields, "array": _e_array, "message-id": _e_message_id,
-    "*": encode_into,
+    "boolean": encode_bool, "ubyte": encode_ubyte, "ushort": encode_ushort, "uint": encode_uint,
+    "ulong": encode_ulong, "byte": encode_byte, "short": encode_short, "int": encode_int,
+    "long": encode_long, "float": encode_float, "double": encode_double,
+    "decimal32": encode_decimal32, "decimal64": encode_decimal64,
+    "decimal128": encode_decimal128, "char": encode_char, "timestamp": encode_timestamp,
+    "uuid": encode_uuid, "binary": encode_binary, "string": encode_string,
+    "symbol": encode_symbol, "list": encode_list, "map": encode_map, "fields": encode_fields,
+    "array": encode_array, "message-id": _e_message_id, "*": encode_into,
 }  # fmt: skip
 assert set(_FIELD_ENC) == FIELD_TYPES
 # How an element of a ``multiple`` field is made into the value whose encoder fits the type.
@@ -136,18 +138,18 @@ def _field_table(t: str, requires: str | None = None) -> list[Decoder]:
     if requires is not None:
         return _requires_table(requires)
     if t == "*":
-        return _DEC
-    table = [_bad_code(c, t) for c in range(256)]
-    table[0x40] = _d_null
+        return DECODERS
+    table = [invalid_constructor(c, t) for c in range(256)]
+    table[0x40] = decode_null
     if t == "message-id":  # wrapped as the generic decoders do: a ulong id stays a ulong
         for name in _MESSAGE_ID_TYPES:
-            for code in _PLAIN[name]:
-                table[code] = _DEC[code]
+            for code in PLAIN_DECODERS[name]:
+                table[code] = DECODERS[code]
         return table
-    plain = _PLAIN["map" if t == "fields" else t]
+    plain = PLAIN_DECODERS["map" if t == "fields" else t]
     wrap = t == "array"
     for code, dec in plain.items():
-        table[code] = _DEC[code] if wrap else _fields_keys(dec) if t == "fields" else dec
+        table[code] = DECODERS[code] if wrap else _fields_keys(dec) if t == "fields" else dec
     return table
 
 
@@ -178,13 +180,13 @@ def _requires_table(requires: str) -> list[Decoder]:
             desc: Any = buf[off + 1]
             off += 2
         else:
-            desc, off = _descriptor(buf, off, depth + 1)
+            desc, off = decode_descriptor(buf, off, depth + 1)
         if desc not in providers:
             raise DecodeError("a described %.40r is not a %s" % (desc, requires))  # noqa: UP031
-        return _CLASS_DEC[desc](buf[off], buf, off + 1, depth + 1)
+        return CLASS_DECODERS[desc](buf[off], buf, off + 1, depth + 1)
 
-    table = [_bad_code(c, requires) for c in range(256)]
-    table[0x40] = _d_null
+    table = [invalid_constructor(c, requires) for c in range(256)]
+    table[0x40] = decode_null
     table[0x00] = dec
     return table
 
@@ -201,7 +203,7 @@ def _multiple_table(t: str) -> list[Decoder]:
     """A ``multiple`` field: null, one value (yielded as a one-item list) or an array of them;
     for symbols (the only multiple fields the spec has) a list of them too, which some peers
     send and the spec's "liberal in what you accept" lets us read."""
-    allowed = frozenset(_PLAIN["map" if t == "fields" else t]) if t != "*" else None
+    allowed = frozenset(PLAIN_DECODERS["map" if t == "fields" else t]) if t != "*" else None
 
     def checked(dec: Decoder) -> Decoder:
         def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
@@ -222,11 +224,11 @@ def _multiple_table(t: str) -> list[Decoder]:
         return d
 
     table = [_listed(d) for d in _field_table(t)]
-    table[0x40] = _d_null
-    table[0xE0] = checked(_d_array8)
-    table[0xF0] = checked(_d_array32)
+    table[0x40] = decode_null
+    for code, dec in PLAIN_DECODERS["array"].items():
+        table[code] = checked(dec)
     if t == "symbol":
-        for code, dec in _PLAIN["list"].items():
+        for code, dec in PLAIN_DECODERS["list"].items():
             table[code] = symbols(dec)
     return table
 
@@ -234,12 +236,14 @@ def _multiple_table(t: str) -> list[Decoder]:
 def _multiple_enc(t: str) -> Encoder:
     single = _FIELD_ENC[t]
     coerce = _COERCE.get(t)
-    empty = next(iter(_PLAIN[t])) if t in _PLAIN else 0x40
+    empty = next(iter(PLAIN_DECODERS[t])) if t in PLAIN_DECODERS else 0x40
 
     def enc(v: Any, out: bytearray) -> None:
         if isinstance(v, (list, tuple)):
             items = v if coerce is None else [coerce(x) for x in v]
-            _e_array(Array(items, getattr(v, "element_code", None) or (None if v else empty)), out)
+            encode_array(
+                Array(items, getattr(v, "element_code", None) or (None if v else empty)), out
+            )
         else:
             single(v, out)
 
@@ -248,7 +252,7 @@ def _multiple_enc(t: str) -> Encoder:
 
 def _prefix(code: int | str) -> bytes:
     out = bytearray(b"\x00")
-    _e_descriptor(code, out)
+    encode_descriptor(code, out)
     return bytes(out)
 
 
@@ -281,8 +285,8 @@ def _gen_composite(
     ns: dict[str, Any] = {"head": pre + b"\xc0\x00\x00", "list0": pre + b"\x45",
                           "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError, "CLS": cls,
                           "LocalProtocolError": LocalProtocolError, "INVALID": INVALID_FIELD,
-                          "skip": _skip, "UINT_SMALL": _UINT_SMALL, "ENC": _ENCODERS,
-                          "resolve": _resolve}  # fmt: skip
+                          "skip": skip_values, "UINT_SMALL": UINT_SMALL, "ENC": ENCODERS,
+                          "resolve": resolve_encoder}  # fmt: skip
     enc = ["def enc(self, out):"]
     dec = [
         "def dec(code, buf, off, depth):",
@@ -351,19 +355,6 @@ def _gen_composite(
     _register(cls, enc_fn, dec_fn, provides, k)
 
 
-def _skip(buf: Any, off: int, n: int, depth: int) -> int:
-    """Step over ``n`` trailing fields a newer peer sent (the spec says to ignore them); they
-    count against the decode's budget, unlike the declared fields (the class weight has them)."""
-    cell = _BUDGET.cell
-    left = cell[0] - n
-    if left < 0:
-        raise _over_budget()
-    cell[0] = left
-    for _ in range(n):
-        _, off = _DEC[buf[off]](buf, off + 1, depth)
-    return off
-
-
 def _register(
     cls: type, enc: Encoder, dec: ClassDecoder, provides: tuple[str, ...], weight: int
 ) -> None:
@@ -374,9 +365,7 @@ def _register(
             raise ValueError(f"descriptor {key!r} already belongs to {old.__qualname__}")
     for key in (code, name):
         _CLASSES[key] = cls
-        _CLASS_DEC[key] = dec
-        _CLASS_WEIGHT[key] = weight
-    _ENCODERS[cls] = enc
+    register_class(cls, (code, name), enc, dec, weight)
     cls.__amqp_provides__ = provides  # type: ignore[attr-defined]
     own = name.split(":")[1] if name.count(":") == 2 else name  # "amqp:error:list" -> "error"
     for provided in (*provides, own):
@@ -455,7 +444,7 @@ def restricted(
 
 def class_decoder(cls: type) -> ClassDecoder:
     """The decoder registered for a described class (format code, buffer, offset, depth)."""
-    return _CLASS_DEC[cls.__amqp_descriptor__[0]]  # type: ignore[attr-defined]
+    return CLASS_DECODERS[cls.__amqp_descriptor__[0]]  # type: ignore[attr-defined]
 
 
 def value_decoder(cls: type) -> ClassDecoder:

@@ -1,9 +1,11 @@
 """Link endpoint state (Part 2 §2.6): handles, roles, credit, deliveries and reassembly.
 
 A ``Link`` only keeps state and checks rules; the session owns delivery-id allocation and
-windows, the connection writes frames. Sequence numbers (delivery-count, delivery-id) are
-RFC-1982 serial numbers modulo 2**32, so the arithmetic lives here in one place; link-credit
-is a plain uint (2**31 and more is a common "unlimited"), never compared as a serial number.
+windows, the connection writes frames. A link knows its session as a ``LinkSession``: session.py
+builds links, so naming its ``Session`` here would be an import cycle. Sequence numbers
+(delivery-count, delivery-id) are RFC-1982 serial numbers modulo 2**32, so the arithmetic lives
+here in one place; link-credit is a plain uint (2**31 and more is a common "unlimited"), never
+compared as a serial number.
 
 What a peer can make a link hold is bounded: the bytes of an incomplete incoming message (per
 link by ``max_message_size``, per connection by ``IncomingBytes``) and the unsettled
@@ -13,16 +15,15 @@ deliveries (``max_unsettled``, both directions).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
 from . import errors
-from .performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED, Attach, Transfer
+from .performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED, Attach, Flow, Transfer
 
 if TYPE_CHECKING:
     from .messaging import Source, Target
-    from .session import Session
 
 SERIAL_MOD = 1 << 32
 SERIAL_MASK = SERIAL_MOD - 1
@@ -69,6 +70,32 @@ class IncomingBytes:
     held: int = 0
 
 
+class LinkSession(Protocol):
+    """What is used of a link's session through the link (``Session`` is one): its channel and
+    the connection's bound on incomplete bytes, which the link itself uses, and the actions
+    the connection takes on the link's behalf."""
+
+    channel: int
+    incoming: IncomingBytes
+
+    def flow_frame(self, link: Link | None = None, *, echo: bool = False) -> Flow: ...
+
+    def send(
+        self,
+        link: Link,
+        payload: bytes | memoryview,
+        *,
+        tag: bytes,
+        settled: bool,
+        message_format: int,
+        max_frame_size: int,
+    ) -> Delivery: ...
+
+    def settle(self, delivery: Delivery, state: Any, settled: bool) -> None: ...
+
+    def flush_dispositions(self) -> None: ...
+
+
 class LinkError(Exception):
     """A rule broken on one link: the link is detached with ``condition``, the rest lives on."""
 
@@ -97,7 +124,7 @@ class Delivery:
 class Link:
     """Our end of a link. Fields named ``remote_*`` are what the peer's attach said."""
 
-    session: Session
+    session: LinkSession
     name: str
     handle: int
     role: bool

@@ -23,7 +23,6 @@ __all__ = [
     "MIN_MAX_FRAME_SIZE",
     "PERFORMATIVES_BY_CODE",
     "PERFORMATIVES_BY_NAME",
-    "PORT",
     "RCV_FIRST",
     "RCV_SECOND",
     "ROLE_RECEIVER",
@@ -34,7 +33,6 @@ __all__ = [
     "SASL_SYS",
     "SASL_SYS_PERM",
     "SASL_SYS_TEMP",
-    "SECURE_PORT",
     "SND_MIXED",
     "SND_SETTLED",
     "SND_UNSETTLED",
@@ -73,9 +71,7 @@ SASL_AUTH = 1
 SASL_SYS = 2
 SASL_SYS_PERM = 3
 SASL_SYS_TEMP = 4
-# transport.xml definitions
-PORT = 5672
-SECURE_PORT = 5671
+# transport.xml definitions (its port numbers are framework.io.net.AMQP_PORT and AMQPS_PORT)
 MIN_MAX_FRAME_SIZE = 512
 
 _UINT_MAX = 4294967295

@@ -2,9 +2,9 @@
 (types.xml), every primitive that holds no other value.
 
 Each is one value at a time and knows nothing of nesting, budgets or described values, which
-are codec.py's: it builds its encoder and decoder tables from the functions here, and
-described.py builds class codecs from them too (hence the private names imported across the
-three modules, one codec in three files). Nothing here imports either, so there is no cycle.
+are codec.py's: it builds its encoder and decoder tables from the public names here, and
+described.py builds class codecs from them too (the three modules are one codec in three
+files). Nothing here imports either, so there is no cycle.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ _U_I = struct.Struct(">I").unpack_from
 _U_q = struct.Struct(">q").unpack_from
 
 # Ready-made two-byte encodings: one table index instead of a pack call for small values.
-_UINT_SMALL = [b"\x43"] + [bytes((0x52, i)) for i in range(1, 256)]
+UINT_SMALL = [b"\x43"] + [bytes((0x52, i)) for i in range(1, 256)]
 _ULONG_SMALL = [b"\x44"] + [bytes((0x53, i)) for i in range(1, 256)]
 _UBYTE = [bytes((0x50, i)) for i in range(256)]
 _LONG_SMALL = [bytes((0x55, i & 0xFF)) for i in range(-128, 128)]
@@ -47,11 +47,11 @@ def _bad(kind: str, value: object) -> ValueError:
 # ---------------------------------------------------------------------------------- encoding
 
 
-def _e_null(v: Any, out: bytearray) -> None:
+def encode_null(v: Any, out: bytearray) -> None:
     out.append(0x40)
 
 
-def _e_bool(v: Any, out: bytearray) -> None:
+def encode_bool(v: Any, out: bytearray) -> None:
     out.append(0x41 if v else 0x42)
 
 
@@ -95,39 +95,42 @@ def _raw(code: int) -> Encoder:
     return enc
 
 
-_e_ubyte = _ranged(_UBYTE, 0, 0x50, "B", "ubyte")
-_e_ushort = _packer(0x60, "H", "ushort")
-_e_uint = _ranged(_UINT_SMALL, 0, 0x70, "I", "uint")
-_e_ulong = _ranged(_ULONG_SMALL, 0, 0x80, "Q", "ulong")
-_e_byte = _packer(0x51, "b", "byte")
-_e_short = _packer(0x61, "h", "short")
-_e_int = _ranged(_INT_SMALL, 128, 0x71, "i", "int")
-_e_long = _ranged(_LONG_SMALL, 128, 0x81, "q", "long")
-_e_float = _packer(0x72, "f", "float")
-_e_double = _packer(0x82, "d", "double")
+encode_ubyte = _ranged(_UBYTE, 0, 0x50, "B", "ubyte")
+encode_ushort = _packer(0x60, "H", "ushort")
+encode_uint = _ranged(UINT_SMALL, 0, 0x70, "I", "uint")
+encode_ulong = _ranged(_ULONG_SMALL, 0, 0x80, "Q", "ulong")
+encode_byte = _packer(0x51, "b", "byte")
+encode_short = _packer(0x61, "h", "short")
+encode_int = _ranged(_INT_SMALL, 128, 0x71, "i", "int")
+encode_long = _ranged(_LONG_SMALL, 128, 0x81, "q", "long")
+encode_float = _packer(0x72, "f", "float")
+encode_double = _packer(0x82, "d", "double")
+encode_decimal32 = _raw(0x74)
+encode_decimal64 = _raw(0x84)
+encode_decimal128 = _raw(0x94)
 _e_utf32 = _packer(0x73, "I", "char")
 _e_ms64 = _packer(0x83, "q", "timestamp")
 
 
-def _e_char(v: Any, out: bytearray) -> None:
+def encode_char(v: Any, out: bytearray) -> None:
     if len(v) != 1:
         raise _bad("char", v)
     _e_utf32(ord(v), out)
 
 
-def _e_timestamp(v: Any, out: bytearray) -> None:
+def encode_timestamp(v: Any, out: bytearray) -> None:
     if isinstance(v, datetime.datetime):
         v = (v.replace(tzinfo=_UTC) if v.tzinfo is None else v) - _EPOCH
         v //= _ONE_MS
     _e_ms64(v, out)
 
 
-def _e_uuid(v: Any, out: bytearray) -> None:
+def encode_uuid(v: Any, out: bytearray) -> None:
     out.append(0x98)
     out += v.bytes
 
 
-def _e_binary(v: Any, out: bytearray) -> None:
+def encode_binary(v: Any, out: bytearray) -> None:
     if type(v) is memoryview and (v.format != "B" or v.ndim != 1):
         v = v.cast("B")
     n = len(v)
@@ -135,14 +138,14 @@ def _e_binary(v: Any, out: bytearray) -> None:
     out += v
 
 
-def _e_string(v: Any, out: bytearray) -> None:
+def encode_string(v: Any, out: bytearray) -> None:
     b = v.encode()
     n = len(b)
     out += _STR8[n] if n <= 0xFF else _P_BI(0xB1, n)
     out += b
 
 
-def _e_symbol(v: Any, out: bytearray) -> None:
+def encode_symbol(v: Any, out: bytearray) -> None:
     b = v.encode("ascii")
     n = len(b)
     out += _SYM8[n] if n <= 0xFF else _P_BI(0xB3, n)
@@ -155,7 +158,8 @@ def _e_symbol(v: Any, out: bytearray) -> None:
 # codec.py's generic table wraps them so a decoded value re-encodes as the same AMQP type.
 
 
-def _short(buf: Any, end: int) -> DecodeError:
+def overrun(buf: Any, end: int) -> DecodeError:
+    """The error for a declared size that runs past the end of ``buf``."""
     return DecodeError(f"declared size runs {end - len(buf)} byte(s) past the data")
 
 
@@ -168,7 +172,7 @@ def _const(value: Any) -> Decoder:
     return dec
 
 
-_d_null, _d_zero = _const(None), _const(0)
+decode_null, _d_zero = _const(None), _const(0)
 
 
 def _d_bool(buf: Any, off: int, depth: int) -> tuple[Any, int]:
@@ -205,7 +209,7 @@ def _fixed(cls: Callable[[bytes], Any], n: int) -> Decoder:
     def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
         end = off + n
         if end > len(buf):
-            raise _short(buf, end)
+            raise overrun(buf, end)
         return cls(bytes(buf[off:end])), end
 
     return dec
@@ -233,21 +237,21 @@ def _d_timestamp(buf: Any, off: int, depth: int) -> tuple[Any, int]:
 def _d_vbin8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
-        raise _short(buf, end)
+        raise overrun(buf, end)
     return bytes(buf[off + 1 : end]), end
 
 
 def _d_str8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
-        raise _short(buf, end)
+        raise overrun(buf, end)
     return str(buf[off + 1 : end], "utf-8"), end
 
 
 def _d_sym8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
-        raise _short(buf, end)
+        raise overrun(buf, end)
     return Symbol(str(buf[off + 1 : end], "ascii")), end
 
 
@@ -255,7 +259,7 @@ def _var32(convert: Callable[[Any], Any]) -> Decoder:
     def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
         end = off + 4 + _U_I(buf, off)[0]
         if end > len(buf):
-            raise _short(buf, end)
+            raise overrun(buf, end)
         return convert(buf[off + 4 : end]), end
 
     return dec
@@ -263,8 +267,8 @@ def _var32(convert: Callable[[Any], Any]) -> Decoder:
 
 # Plain decoders per scalar type name (codes accepted for that type -> payload decoder);
 # codec.py adds the compound types.
-_PLAIN_SCALARS: dict[str, dict[int, Decoder]] = {
-    "null": {0x40: _d_null},
+PLAIN_SCALARS: dict[str, dict[int, Decoder]] = {
+    "null": {0x40: decode_null},
     "boolean": {0x56: _d_bool, 0x41: _const(True), 0x42: _const(False)},
     "ubyte": {0x50: _d_u8},
     "ushort": {0x60: _unpacker("H")},

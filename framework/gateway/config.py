@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import attrs
 
 from framework.gateway.toml_lines import KeyLines, KeyPath, dotted
-from framework.limits import Limits
-from framework.net import AmqpUrl
+from framework.io.limits import Limits
+from framework.io.net import AmqpUrl
 
 MAX_PAIRS = 10_000
 """Pairs a gateway carries at once unless configured otherwise (``max_pairs``). A relayed pair
@@ -67,7 +67,7 @@ class GatewayConfig:
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
     hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
-    may make the gateway hold (the ``[limits]`` table, :class:`framework.limits.Limits`)."""
+    may make the gateway hold (the ``[limits]`` table, :class:`framework.io.limits.Limits`)."""
 
     listen: str
     routes: tuple[Route, ...]

@@ -20,7 +20,6 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from framework import net, transport
 from framework.amqp.errors import (
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
@@ -30,31 +29,33 @@ from framework.amqp.errors import (
 from framework.amqp.link import Link
 from framework.amqp.messaging import Error
 from framework.gateway.config import GatewayConfig, Route
-from framework.gateway.pairs import PairBudget, PairLease, PairRelay
+from framework.gateway.pairs import PairBudget, PairLease, PairRelay, Relay, RelayContext
 from framework.gateway.routing import RoutingRelay
 from framework.gateway.upstream import Upstream
-from framework.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
+from framework.io.connection import AmqpConnection
+from framework.io.listener import Listener, listen
+from framework.rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
 
 log = structlog.get_logger("pairlink.gateway")
 
-Relay = PairRelay | RoutingRelay
-
 
 class Downstream:
-    """One inbound connection and the pairs it relays, by link name."""
+    """One inbound connection (the listener's handler of it): judges each link its peer
+    opens, and keeps the pairs it relays, by link name."""
 
-    def __init__(self, gateway: Gateway, conn: transport.AmqpConnection) -> None:
-        self.gateway = gateway
+    def __init__(self, conn: AmqpConnection, context: RelayContext) -> None:
         self.conn = conn
+        self.context = context
         self.user = conn.sasl_identity
         self.relays: dict[str, Relay] = {}
+        self.log = conn.log.bind(user=self.user)
 
     def forget(self, relay: Relay) -> None:
         if self.relays.get(relay.name) is relay:
             del self.relays[relay.name]
             relay.release()
 
-    def gone(self) -> None:
+    def on_closed(self) -> None:
         """The connection is over: its pairs no longer count (their upstream ends are
         detached by their own link events)."""
         for relay in self.relays.values():
@@ -63,6 +64,68 @@ class Downstream:
 
     def may_use(self, route: Route) -> bool:
         return route.allow is None or (self.user is not None and self.user in route.allow)
+
+    # -- attaches --------------------------------------------------------------------------
+
+    def on_attach(self, link: Link) -> None:
+        remote = link.remote_attach
+        assert remote is not None
+        half = PairHalf.of(remote)
+        relay = self.relays.get(link.name)
+        if relay is not None:
+            if link.role in relay.halves:
+                self._refuse(link, half, NOT_ALLOWED, "this pair has that half already")
+            else:
+                relay.add_half(link)
+            return
+        if not half.paired:
+            why = "this gateway relays paired links only (LINK_PAIR_V1_0)"
+            self._refuse(link, half, NOT_IMPLEMENTED, why)
+            return
+        context = self.context
+        address = half.target if link.is_receiver else half.source
+        if address is None:  # the routing node (LP-9)
+            lease = self._lease(link, half)
+            if lease is not None:
+                self.relays[link.name] = RoutingRelay(self, context, link.name, link, lease)
+            return
+        route = context.routes.get(address)
+        refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
+        if refusal is not None:
+            self._refuse(link, half, refusal.condition, refusal.description)
+            return
+        assert route is not None
+        if not self.may_use(route):
+            why = f"{self.user or 'an anonymous peer'} may not use {route.public!r}"
+            self._refuse(link, half, UNAUTHORIZED_ACCESS, why)
+            return
+        lease = self._lease(link, half)
+        if lease is None:
+            return
+        pair = PairRelay(self, route, link.name, link, lease)
+        self.relays[link.name] = pair
+        release = self.conn.hold_input()
+        upstream = context.upstreams[route.public]
+        context.start_soon(pair.open, upstream, context.attach_timeout, release)
+
+    def _lease(self, link: Link, half: PairHalf) -> PairLease | None:
+        """A place for a new pair, or None with the link refused: ``max_pairs`` are carried."""
+        lease = self.context.pairs.take()
+        if lease is None:
+            why = f"this gateway carries its maximum of {self.context.pairs.limit} pairs; try later"
+            self._refuse(link, half, RESOURCE_LIMIT_EXCEEDED, why)
+        return lease
+
+    def _refuse(self, link: Link, half: PairHalf, condition: str, why: str) -> None:
+        self.log.info(
+            "link.refused",
+            name=link.name,
+            source=half.source,
+            target=half.target,
+            paired=half.paired,
+            condition=condition,
+        )
+        self.conn.refuse(link, Error(condition, why))
 
 
 class Gateway:
@@ -73,8 +136,7 @@ class Gateway:
         self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
         self.routes = {route.public: route for route in config.routes}
         self.pairs = PairBudget(config.max_pairs)
-        self.listener: net.Listener | None = None
-        self.peers: dict[transport.AmqpConnection, Downstream] = {}
+        self.listener: Listener[Downstream] | None = None
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}
         self.upstreams: dict[str, Upstream] = {}  # by public address
         for route in config.routes:
@@ -88,6 +150,13 @@ class Gateway:
                     limits=config.limits,
                 )
             self.upstreams[route.public] = shared[key]
+        self.context = RelayContext(
+            routes=self.routes,
+            upstreams=self.upstreams,
+            pairs=self.pairs,
+            attach_timeout=config.attach_timeout,
+            start_soon=self.start_soon,
+        )
         self._nursery: trio.Nursery | None = None
         self.log = log.bind(container=self.container_id)
 
@@ -110,10 +179,9 @@ class Gateway:
             self._nursery = nursery
             for upstream in set(self.upstreams.values()):
                 nursery.start_soon(upstream.run)
-            async with net.listen(
+            async with listen(
                 config.listen,
-                on_attach=self.on_attach,
-                handler=self._track,
+                accept=self._accept,
                 users=config.users,
                 certificate_users=config.certificate_users,
                 ssl_context=self._server_tls(),
@@ -126,6 +194,9 @@ class Gateway:
                 self.log.info("gateway.listening", url=listener.url, routes=list(self.routes))
                 task_status.started(self)
                 await trio.sleep_forever()
+
+    def _accept(self, conn: AmqpConnection) -> Downstream:
+        return Downstream(conn, self.context)
 
     def _server_tls(self) -> ssl.SSLContext | None:
         config = self.config
@@ -150,83 +221,6 @@ class Gateway:
             await task(*args)
         except Exception as exc:
             self.log.error("relay.internal_error", task=repr(task), exc_info=exc)
-
-    async def _track(self, conn: transport.AmqpConnection) -> None:
-        try:
-            await conn.closed.wait()
-        finally:
-            downstream = self.peers.pop(conn, None)
-            if downstream is not None:
-                downstream.gone()
-
-    # -- attaches --------------------------------------------------------------------------
-
-    def on_attach(self, conn: transport.AmqpConnection, link: Link) -> None:
-        downstream = self.peers.get(conn)
-        if downstream is None:
-            downstream = self.peers[conn] = Downstream(self, conn)
-        remote = link.remote_attach
-        assert remote is not None
-        half = PairHalf.of(remote)
-        relay = downstream.relays.get(link.name)
-        if relay is not None:
-            if link.role in relay.halves:
-                self._refuse(downstream, link, half, NOT_ALLOWED, "this pair has that half already")
-            else:
-                relay.add_half(link)
-            return
-        if not half.paired:
-            why = "this gateway relays paired links only (LINK_PAIR_V1_0)"
-            self._refuse(downstream, link, half, NOT_IMPLEMENTED, why)
-            return
-        address = half.target if link.is_receiver else half.source
-        if address is None:  # the routing node (LP-9)
-            lease = self._lease(downstream, link, half)
-            if lease is not None:
-                node = RoutingRelay(downstream, link.name, link, lease)
-                downstream.relays[link.name] = node
-            return
-        route = self.routes.get(address)
-        refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
-        if refusal is not None:
-            self._refuse(downstream, link, half, refusal.condition, refusal.description)
-            return
-        assert route is not None
-        if not downstream.may_use(route):
-            why = f"{downstream.user or 'an anonymous peer'} may not use {route.public!r}"
-            self._refuse(downstream, link, half, UNAUTHORIZED_ACCESS, why)
-            return
-        lease = self._lease(downstream, link, half)
-        if lease is None:
-            return
-        pair = downstream.relays[link.name] = PairRelay(downstream, route, link.name, link, lease)
-        release = conn.hold_input()
-        self.start_soon(
-            pair.open, self.upstreams[route.public], self.config.attach_timeout, release
-        )
-
-    def _lease(self, downstream: Downstream, link: Link, half: PairHalf) -> PairLease | None:
-        """A place for a new pair, or None with the link refused: ``max_pairs`` are carried."""
-        lease = self.pairs.take()
-        if lease is None:
-            why = f"this gateway carries its maximum of {self.pairs.limit} pairs; try later"
-            self._refuse(downstream, link, half, RESOURCE_LIMIT_EXCEEDED, why)
-        return lease
-
-    def _refuse(
-        self, downstream: Downstream, link: Link, half: PairHalf, condition: str, why: str
-    ) -> None:
-        self.log.info(
-            "link.refused",
-            conn=downstream.conn.id,
-            user=downstream.user,
-            name=link.name,
-            source=half.source,
-            target=half.target,
-            paired=half.paired,
-            condition=condition,
-        )
-        downstream.conn.refuse(link, Error(condition, why))
 
 
 @asynccontextmanager

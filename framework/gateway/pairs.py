@@ -11,9 +11,10 @@ answered downstream with the same condition.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
+import attrs
 import structlog
 import trio
 
@@ -23,13 +24,11 @@ from framework.amqp.messaging import Error, Source, Target
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
 from framework.amqp.session import Session
 from framework.gateway.config import Route
-from framework.gateway.relay import EndOwner, Hop, RelayEnd
+from framework.gateway.relay import Hop
 from framework.gateway.upstream import Upstream, UpstreamUnavailable
-from framework.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
-from framework.transport import AmqpConnection
-
-if TYPE_CHECKING:
-    from framework.gateway.node import Downstream
+from framework.io.connection import AmqpConnection
+from framework.io.links import LinkEnd, LinkOwner
+from framework.rpc.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
 
 log = structlog.get_logger("pairlink.gateway")
 
@@ -69,6 +68,43 @@ class PairLease:
             self._budget = None
 
 
+class Relay(Protocol):
+    """A pair the gateway carries for a downstream peer: a :class:`PairRelay`, or a routing
+    node (LP-9). Known by its link name; its halves arrive one attach at a time."""
+
+    name: str
+    halves: dict[bool, PairHalf]
+
+    def add_half(self, link: Link) -> None: ...
+    def release(self) -> None: ...
+
+
+class RelayOwner(Protocol):
+    """What a relay needs of the downstream connection it carries a pair for (the gateway's
+    handler of that connection)."""
+
+    conn: AmqpConnection
+
+    def may_use(self, route: Route) -> bool:
+        """The peer's user may reach ``route`` (its ``allow`` list)."""
+
+    def forget(self, relay: Relay) -> None:
+        """``relay`` is over: it no longer counts, and its link name is free again."""
+
+
+@attrs.frozen
+class RelayContext:
+    """What the relays of one gateway share: its routes and the upstream of each (by public
+    address), its pair budget, how long an upstream pair may take to attach, and
+    ``start_soon``, which runs a set-up task for as long as the gateway runs."""
+
+    routes: Mapping[str, Route]
+    upstreams: Mapping[str, Upstream]
+    pairs: PairBudget
+    attach_timeout: float
+    start_soon: Callable[..., None]
+
+
 def scrubbed(error: Error, route: Route) -> Error:
     """An upstream error fit to pass downstream: same condition, the next hop's address for
     this route replaced by the public one, no ``info`` (it may name anything internal)."""
@@ -78,7 +114,7 @@ def scrubbed(error: Error, route: Route) -> Error:
     return Error(condition=error.condition, description=description)
 
 
-def upstream_ending(end: RelayEnd, route: Route) -> Error | None:
+def upstream_ending(end: LinkEnd, route: Route) -> Error | None:
     """What to tell downstream when an upstream end is over: its detach's error (scrubbed),
     or ``detach-forced`` when it went with its connection."""
     if end.detached is None or end.conn.closed.is_set():
@@ -111,12 +147,12 @@ class UpstreamPair:
     terminus addresses, the next hop's address as the node. Its ends report to ``owner``,
     which calls ``changed()`` on every event so that ``open`` sees progress."""
 
-    def __init__(self, route: Route, owner: EndOwner, snd_settle_mode: int) -> None:
+    def __init__(self, route: Route, owner: LinkOwner, snd_settle_mode: int) -> None:
         self.route = route
         self.owner = owner
         self.snd_settle_mode = snd_settle_mode
-        self.sender: RelayEnd | None = None
-        self.receiver: RelayEnd | None = None
+        self.sender: LinkEnd | None = None
+        self.receiver: LinkEnd | None = None
         self.failure: Error | None = None
         self._changed = trio.Event()
 
@@ -163,8 +199,8 @@ class UpstreamPair:
             rcv_settle_mode=RCV_FIRST,
             properties=paired_properties(),
         )
-        self.sender = RelayEnd(conn, sender, self.owner)
-        self.receiver = RelayEnd(conn, receiver, self.owner)
+        self.sender = LinkEnd(conn, sender, self.owner)
+        self.receiver = LinkEnd(conn, receiver, self.owner)
         log.debug("upstream.pair", public=self.route.public, conn=conn.id, link=name)
 
     def _has_credit(self) -> bool:
@@ -213,7 +249,7 @@ class PairRelay:
     """One downstream pair (link ``name`` on ``downstream``) and its upstream pair."""
 
     def __init__(
-        self, downstream: Downstream, route: Route, name: str, first: Link, lease: PairLease
+        self, downstream: RelayOwner, route: Route, name: str, first: Link, lease: PairLease
     ) -> None:
         self.downstream = downstream
         self.route = route
@@ -281,7 +317,7 @@ class PairRelay:
                     properties=paired_properties(),
                     rcv_settle_mode=RCV_FIRST,
                 )
-                self.requests.inbound = RelayEnd(conn, link, self)
+                self.requests.inbound = LinkEnd(conn, link, self)
                 self.requests.mirror_credit()
             else:
                 upstream = self.replies.inbound
@@ -291,7 +327,7 @@ class PairRelay:
                     properties=paired_properties(),
                     snd_settle_mode=up_attach.snd_settle_mode if up_attach else SND_MIXED,
                 )
-                self.replies.outbound = RelayEnd(conn, link, self)
+                self.replies.outbound = LinkEnd(conn, link, self)
                 self.replies.mirror_credit()
         if self.failure is not None and len(self.halves) == 2:
             self.downstream.forget(self)
@@ -300,19 +336,19 @@ class PairRelay:
         """The pair is over, or its connection is: it no longer counts against ``max_pairs``."""
         self.lease.release()
 
-    # -- link events (EndOwner) ------------------------------------------------------------
+    # -- link events (LinkOwner) ------------------------------------------------------------
 
-    def _hop_of(self, end: RelayEnd) -> Hop:
+    def _hop_of(self, end: LinkEnd) -> Hop:
         return (
             self.requests
             if end in (self.requests.inbound, self.requests.outbound)
             else (self.replies)
         )
 
-    def end_attached(self, end: RelayEnd) -> None:
+    def link_attached(self, end: LinkEnd) -> None:
         self.upstream.changed()
 
-    def end_flowed(self, end: RelayEnd) -> None:
+    def link_flowed(self, end: LinkEnd) -> None:
         self.upstream.changed()
         if not self.ready:
             return
@@ -324,15 +360,15 @@ class PairRelay:
         elif end is hop.inbound:  # it answered a drain: grant what the other side allows
             hop.mirror_credit()
 
-    def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None:
+    def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
         self._hop_of(end).arrive(delivery, payload)
 
-    def end_updated(self, end: RelayEnd, delivery: Delivery) -> None:
+    def link_updated(self, end: LinkEnd, delivery: Delivery) -> None:
         hop = self._hop_of(end)
         if end is hop.outbound:
             hop.outcome(delivery)
 
-    def end_ended(self, end: RelayEnd) -> None:
+    def link_ended(self, end: LinkEnd) -> None:
         self.upstream.changed()
         if not self.ready:
             return

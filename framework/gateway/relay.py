@@ -14,77 +14,25 @@ A :class:`Hop` joins a link we receive on (``inbound``) to a link we send on (``
   ``modified(delivery-failed)`` (forwarded, fate unknown) on ``inbound``.
 
 A pair relayed across a gateway is two hops (requests one way, replies the other); the ends
-themselves are :class:`RelayEnd`, which hand the transport's link events to their owner.
+themselves are link ends (:class:`framework.io.links.LinkEnd`) owned by the pair or routing
+node, which hears their events.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
 
 import attrs
 import structlog
 import trio
 
 from framework.amqp.errors import DecodeError
-from framework.amqp.link import Delivery, Link, LinkState
-from framework.amqp.messaging import Error, Modified, Released, with_ttl_reduced
-from framework.endpoints import Endpoint
+from framework.amqp.link import Delivery
+from framework.amqp.messaging import Modified, Released, with_ttl_reduced
 from framework.errors import PairlinkError
-from framework.transport import AmqpConnection
+from framework.io.links import LinkEnd
 
 log = structlog.get_logger("pairlink.gateway")
-
-
-class EndOwner(Protocol):
-    """What owns relay ends: told of every event on them, from the connection's reader."""
-
-    def end_attached(self, end: RelayEnd) -> None: ...
-    def end_flowed(self, end: RelayEnd) -> None: ...
-    def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None: ...
-    def end_updated(self, end: RelayEnd, delivery: Delivery) -> None: ...
-    def end_ended(self, end: RelayEnd) -> None: ...
-
-
-class RelayEnd(Endpoint):
-    """One link end of a relay (either side of the gateway, either direction)."""
-
-    def __init__(self, conn: AmqpConnection, link: Link, owner: EndOwner) -> None:
-        super().__init__(conn, link)
-        self.owner = owner
-
-    @property
-    def usable(self) -> bool:
-        return self.detached is None and self.link.state is LinkState.ATTACHED
-
-    def on_attached(self) -> None:
-        self.owner.end_attached(self)
-
-    def on_flow(self) -> None:
-        self.owner.end_flowed(self)
-
-    def on_message(self, delivery: Delivery, payload: bytes) -> None:
-        self.owner.end_received(self, delivery, payload)
-
-    def on_update(self, delivery: Delivery) -> None:
-        self.owner.end_updated(self, delivery)
-
-    def on_ended(self) -> None:
-        self.owner.end_ended(self)
-
-    def detach(self, error: Error | None) -> None:
-        """Detach our end (closed) with ``error``, unless it is over already."""
-        self.conn.detach(self.link, error=error)
-
-    def ending_error(self) -> Error | None:
-        """The error this end went with: its detach's, else (it went with its session or
-        connection) the connection's close error; None for a plain ending."""
-        source: PairlinkError | None = self.detached
-        if source is None or source.condition is None:
-            source = self.conn.error
-        if source is None or source.condition is None:
-            return None
-        return Error(condition=source.condition, description=source.description)
 
 
 @attrs.define
@@ -97,7 +45,7 @@ class _Waiting:
 class Hop:
     """Messages from ``inbound`` to ``outbound`` (see the module docstring)."""
 
-    def __init__(self, inbound: RelayEnd | None = None, outbound: RelayEnd | None = None) -> None:
+    def __init__(self, inbound: LinkEnd | None = None, outbound: LinkEnd | None = None) -> None:
         self.inbound = inbound
         self.outbound = outbound
         self.waiting: deque[_Waiting] = deque()

@@ -13,8 +13,6 @@ the node's request link is detached with that error instead (Anonymous Terminus 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import structlog
 
 from framework.amqp.errors import (
@@ -28,12 +26,17 @@ from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Error, Message, Rejected
 from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER
 from framework.gateway.config import Route
-from framework.gateway.pairs import PairLease, UpstreamPair, admit_half, upstream_ending
-from framework.gateway.relay import Hop, RelayEnd
-from framework.linkpair import PairHalf, paired_properties
-
-if TYPE_CHECKING:
-    from framework.gateway.node import Downstream
+from framework.gateway.pairs import (
+    PairLease,
+    RelayContext,
+    RelayOwner,
+    UpstreamPair,
+    admit_half,
+    upstream_ending,
+)
+from framework.gateway.relay import Hop
+from framework.io.links import LinkEnd
+from framework.rpc.linkpair import PairHalf, paired_properties
 
 log = structlog.get_logger("pairlink.gateway")
 
@@ -55,15 +58,24 @@ class _Leg:
 
 
 class RoutingRelay:
-    """A downstream pair with anonymous termini (link ``name``) and its legs by route."""
+    """A downstream pair with anonymous termini (link ``name``) and its legs by route, on
+    the routes, pair budget and upstreams of ``context``."""
 
-    def __init__(self, downstream: Downstream, name: str, first: Link, lease: PairLease) -> None:
+    def __init__(
+        self,
+        downstream: RelayOwner,
+        context: RelayContext,
+        name: str,
+        first: Link,
+        lease: PairLease,
+    ) -> None:
         self.downstream = downstream
+        self.context = context
         self.name = name
         self.lease = lease
         self.halves: dict[bool, PairHalf] = {}
-        self.inbound: RelayEnd | None = None  # the requester's sender: requests
-        self.outbound: RelayEnd | None = None  # the requester's receiver: replies
+        self.inbound: LinkEnd | None = None  # the requester's sender: requests
+        self.outbound: LinkEnd | None = None  # the requester's receiver: replies
         self.legs: dict[str, _Leg] = {}
         remote = first.remote_attach
         assert remote is not None
@@ -82,13 +94,13 @@ class RoutingRelay:
                 properties=paired_properties(),
                 rcv_settle_mode=RCV_FIRST,
             )
-            self.inbound = RelayEnd(conn, link, self)
+            self.inbound = LinkEnd(conn, link, self)
             for leg in self.legs.values():
                 leg.requests.inbound = self.inbound
             self._grant()
         else:
             conn.answer_attach(link, properties=paired_properties())
-            self.outbound = RelayEnd(conn, link, self)
+            self.outbound = LinkEnd(conn, link, self)
             for leg in self.legs.values():
                 leg.replies.outbound = self.outbound
 
@@ -110,8 +122,8 @@ class RoutingRelay:
             self._unroutable(delivery, INVALID_FIELD, f"undecodable message: {exc}")
             return
         to: object = message.properties.to if message.properties else None
-        gateway = self.downstream.gateway
-        route = gateway.routes.get(to) if isinstance(to, str) else None
+        context = self.context
+        route = context.routes.get(to) if isinstance(to, str) else None
         if route is None:
             self._unroutable(delivery, NOT_FOUND, f"no route for to={to!r}")
             return
@@ -120,14 +132,14 @@ class RoutingRelay:
             return
         leg = self.legs.get(route.public)
         if leg is None:
-            lease = gateway.pairs.take()
+            lease = context.pairs.take()
             if lease is None:
-                why = f"this gateway carries its maximum of {gateway.pairs.limit} pairs"
+                why = f"this gateway carries its maximum of {context.pairs.limit} pairs"
                 self._unroutable(delivery, RESOURCE_LIMIT_EXCEEDED, why)
                 return
             leg = _Leg(route, self, self.snd_settle_mode, lease)
             self.legs[route.public] = leg
-            gateway.start_soon(self._open_leg, leg)
+            context.start_soon(self._open_leg, leg)
         leg.requests.arrive(delivery, payload)
 
     def _unroutable(self, delivery: Delivery, condition: str, why: str) -> None:
@@ -140,9 +152,8 @@ class RoutingRelay:
             inbound.conn.settle(delivery, Rejected(error=Error(condition, why)))
 
     async def _open_leg(self, leg: _Leg) -> None:
-        gateway = self.downstream.gateway
-        upstream = gateway.upstreams[leg.route.public]
-        failure = await leg.upstream.open(upstream, gateway.config.attach_timeout)
+        upstream = self.context.upstreams[leg.route.public]
+        failure = await leg.upstream.open(upstream, self.context.attach_timeout)
         if self.legs.get(leg.route.public) is not leg:  # the node ended while it opened
             leg.upstream.detach(None)
             return
@@ -174,20 +185,20 @@ class RoutingRelay:
             self._unroutable(delivery, str(error.condition), error.description or "")
         self._grant()
 
-    # -- link events (EndOwner) ------------------------------------------------------------
+    # -- link events (LinkOwner) ------------------------------------------------------------
 
-    def _leg_of(self, end: RelayEnd) -> _Leg | None:
+    def _leg_of(self, end: LinkEnd) -> _Leg | None:
         for leg in self.legs.values():
             if end is leg.upstream.sender or end is leg.upstream.receiver:
                 return leg
         return None
 
-    def end_attached(self, end: RelayEnd) -> None:
+    def link_attached(self, end: LinkEnd) -> None:
         found = self._leg_of(end)
         if found is not None:
             found.upstream.changed()
 
-    def end_flowed(self, end: RelayEnd) -> None:
+    def link_flowed(self, end: LinkEnd) -> None:
         if end is self.outbound:
             for leg in self.legs.values():
                 leg.replies.pump()
@@ -208,7 +219,7 @@ class RoutingRelay:
         elif leg.ready and end is leg.replies.inbound:  # it answered a drain
             leg.replies.mirror_credit()
 
-    def end_received(self, end: RelayEnd, delivery: Delivery, payload: bytes) -> None:
+    def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
         if end is self.inbound:
             self._route(delivery, payload)
             self._grant()
@@ -217,7 +228,7 @@ class RoutingRelay:
         if found is not None:
             found.replies.arrive(delivery, payload)
 
-    def end_updated(self, end: RelayEnd, delivery: Delivery) -> None:
+    def link_updated(self, end: LinkEnd, delivery: Delivery) -> None:
         if end is self.outbound:
             for leg in self.legs.values():
                 if delivery in leg.replies.forwarded:
@@ -228,7 +239,7 @@ class RoutingRelay:
         if found is not None and end is found.requests.outbound:
             found.requests.outcome(delivery)
 
-    def end_ended(self, end: RelayEnd) -> None:
+    def link_ended(self, end: LinkEnd) -> None:
         if end is self.inbound or end is self.outbound:
             for leg in list(self.legs.values()):
                 for upstream_end in (leg.upstream.sender, leg.upstream.receiver):

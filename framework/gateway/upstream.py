@@ -24,13 +24,14 @@ from urllib.parse import quote
 import structlog
 import trio
 
-from framework import net, transport
 from framework.amqp.session import Session, SessionState
-from framework.backoff import jittered_backoff
 from framework.errors import ConnectionLostError, PairlinkError
 from framework.gateway.config import Route
-from framework.limits import Limits
-from framework.linkpair import LINK_PAIR_V1_0, offers_pairing
+from framework.io import net
+from framework.io.backoff import jittered_backoff
+from framework.io.connection import AmqpConnection
+from framework.io.limits import Limits
+from framework.rpc.linkpair import LINK_PAIR_V1_0, offers_pairing
 
 log = structlog.get_logger("pairlink.gateway")
 
@@ -70,16 +71,16 @@ class Upstream:
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
         self._limits = limits  # the next hop is a peer too: held to the same bounds
-        self.current: transport.AmqpConnection | None = None
-        self.extra: list[transport.AmqpConnection] = []  # opened when the others were full
-        self.sessions: dict[transport.AmqpConnection, list[Session]] = {}  # the pairs' sessions
+        self.current: AmqpConnection | None = None
+        self.extra: list[AmqpConnection] = []  # opened when the others were full
+        self.sessions: dict[AmqpConnection, list[Session]] = {}  # the pairs' sessions
         self.tried = trio.Event()  # the first attempt is over, whatever its result
         self._failures = 0
         self._adding = trio.Lock()  # one extra connection opens at a time
         self._nursery: trio.Nursery | None = None
         self._log = log.bind(upstream=self.where)
 
-    async def connection(self) -> transport.AmqpConnection:
+    async def connection(self) -> AmqpConnection:
         """The live main connection; waits only for the very first attempt to finish."""
         await self.tried.wait()
         conn = self.current
@@ -87,7 +88,7 @@ class Upstream:
             raise UpstreamUnavailable("the next hop is unreachable")
         return conn
 
-    async def place(self) -> tuple[transport.AmqpConnection, Session]:
+    async def place(self) -> tuple[AmqpConnection, Session]:
         """Where the next pair goes: a session with two handles free. Returns with no
         checkpoint after the choice, so the caller attaches before anyone else looks."""
         while True:
@@ -99,7 +100,7 @@ class Upstream:
                 if self._room() is None:
                     await self._add_connection()
 
-    def _room(self) -> tuple[transport.AmqpConnection, Session] | None:
+    def _room(self) -> tuple[AmqpConnection, Session] | None:
         """A session with room for a pair, beginning one on a connection that allows it."""
         for conn in (self.current, *self.extra):
             sessions = None if conn is None else self.sessions.get(conn)
@@ -122,16 +123,16 @@ class Upstream:
     async def _add_connection(self) -> None:
         assert self._nursery is not None
         try:
-            conn: transport.AmqpConnection = await self._nursery.start(self._hold_extra)
+            conn: AmqpConnection = await self._nursery.start(self._hold_extra)
         except _CONNECTION_FAILURES as exc:
             self._log.warning("upstream.extra_unreachable", error=str(exc))
             raise UpstreamUnavailable("the next hop is unreachable") from None
         self._log.info("upstream.extra_connected", conn=conn.id, extra=len(self.extra))
 
-    async def _hold_extra(self, *, task_status: trio.TaskStatus[transport.AmqpConnection]) -> None:
+    async def _hold_extra(self, *, task_status: trio.TaskStatus[AmqpConnection]) -> None:
         """One more connection, for pairs the others have no room for, until it is lost
         (not reopened: the next pair that finds no room opens another)."""
-        conn: transport.AmqpConnection | None = None
+        conn: AmqpConnection | None = None
         try:
             async with self._connected() as conn:
                 self.extra.append(conn)
@@ -181,7 +182,7 @@ class Upstream:
             self._log.warning("upstream.lost", error=str(conn.error or "closed"))
 
     @asynccontextmanager
-    async def _connected(self) -> AsyncIterator[transport.AmqpConnection]:
+    async def _connected(self) -> AsyncIterator[AmqpConnection]:
         """A connection that is open and offers pairing, within the connect timeout."""
         with trio.move_on_after(self._connect_timeout) as scope:
             async with net.connect(

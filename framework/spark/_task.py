@@ -17,10 +17,8 @@ deduplicating service answers a call that did run from its store instead of runn
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, Literal, TypeVar
@@ -29,9 +27,11 @@ import attrs
 import structlog
 import trio
 
-from framework.client import Client, connect
+from framework.client.client import Client, connect
 from framework.errors import ConnectionLostError, RemoteError
-from framework.taskgroups import lone_errors_unwrapped
+from framework.io.taskgroups import lone_errors_unwrapped
+from framework.io.threads import start_trio_thread
+from framework.spark._reporter import Counts, report
 
 log = structlog.get_logger("pairlink.spark")
 
@@ -77,24 +77,6 @@ class Chunk(Generic[P]):
         self.left = len(self.args)
 
 
-@attrs.define
-class Counts:
-    """Rows of this task answered so far, and how many of them with an error."""
-
-    rows: int = 0
-    errors: int = 0
-
-
-def task_identity() -> tuple[int, int, int]:
-    """(stage, partition, attempt) of the running Spark task; zeros outside Spark."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    if context is None:
-        return 0, 0, 0
-    return context.stageId(), context.partitionId(), context.attemptNumber()
-
-
 class _Calls(Generic[P]):
     """One task's Trio side: the connection, the in-flight bound, the ordered output."""
 
@@ -105,14 +87,17 @@ class _Calls(Generic[P]):
         self.failure: BaseException | None = None
         self.prefix = f"{plan.run_id}:{uuid.uuid4().hex}:"  # ids of rows without a key
         self.sequence = 0
-        self.token: trio.lowlevel.TrioToken | None = None
         self.scope = trio.CancelScope()
-        self.ready = threading.Event()
         self.out_send, self.out_recv = trio.open_memory_channel[Chunk[P]](0)
 
-    async def main(self) -> None:
-        self.token = trio.lowlevel.current_trio_token()
-        self.ready.set()
+    async def main(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The task's calls, in the Trio thread; started at once (the Spark thread then waits
+        on ``out_recv``). A lone failure is raised as itself, not in nested groups."""
+        task_status.started()
+        with lone_errors_unwrapped():
+            await self._main()
+
+    async def _main(self) -> None:
         plan = self.plan
         connected = False
         with self.scope:
@@ -137,15 +122,15 @@ class _Calls(Generic[P]):
             raise self.failure
 
     async def _run(self, client: Client) -> None:
-        from framework.spark.progress import report
-
         limiter = trio.Semaphore(self.plan.in_flight)
         pending_send, pending_recv = trio.open_memory_channel[Chunk[P]](CHUNKS_AHEAD)
         emitted = trio.Event()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._emit, pending_recv, emitted)
             if self.plan.progress_url is not None:
-                nursery.start_soon(report, self.plan, self.counts, emitted)
+                nursery.start_soon(
+                    report, self.plan.progress_url, self.plan.run_id, self.counts, emitted
+                )
             async with pending_send:
                 # abandoned if cancelled: the reader may wait on an input nobody will finish
                 read = functools.partial(
@@ -225,34 +210,19 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Iterator[Chun
     if not structlog.is_configured():  # a Spark worker: the driver's set-up is not here
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     calls = _Calls(plan, reader)
-    failed: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            with lone_errors_unwrapped():
-                trio.run(calls.main)
-        except BaseException as exc:  # raised in the Spark thread below
-            failed.append(exc)
-        finally:
-            calls.ready.set()
-
-    thread = threading.Thread(target=target, name="pairlink-spark-task", daemon=True)
-    thread.start()
-    calls.ready.wait()
+    thread = start_trio_thread(calls.main, name="pairlink-spark-task")
     try:
-        while calls.token is not None:
+        while True:
             try:
-                chunk = trio.from_thread.run(calls.out_recv.receive, trio_token=calls.token)
+                chunk = thread.run(calls.out_recv.receive)
             except (trio.EndOfChannel, trio.RunFinishedError):
                 break
             yield chunk
-    finally:
-        if thread.is_alive() and calls.token is not None:
-            with contextlib.suppress(trio.RunFinishedError):  # the consumer stopped early
-                calls.token.run_sync_soon(calls.scope.cancel)
-        thread.join()
-    if failed:
-        raise failed[0]
+    except BaseException:  # the consumer stopped early (GeneratorExit): end the calls now
+        thread.stop()
+        raise
+    # not stopped: a cancel landing while the calls clean up after a failure would lose it
+    thread.join()  # raises the task's failure
 
 
 def message_ids(run_id: str, keys: list[Any], column: str) -> list[str]:

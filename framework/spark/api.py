@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from framework.spark._task import Chunk, OnError, Plan, run_task
+from framework.spark._task import Chunk, OnError, Plan, message_ids, run_task
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -221,8 +221,6 @@ class _ArrowPlan:
 def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     import pyarrow as pa
 
-    from framework.spark._task import message_ids
-
     plan = spec.plan
 
     def read() -> Chunk[pa.RecordBatch] | None:
@@ -239,7 +237,7 @@ def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterato
     names = [name for name, _ in spec.result]
     for chunk in run_task(plan, read):
         batch = chunk.payload
-        values = [_fields(value, names) for value in chunk.values]
+        values = [result_fields(value, names) for value in chunk.values]
         arrays = [
             pa.array([None if v is None else v[i] for v in values], type=arrow_type)
             for i, (_, arrow_type) in enumerate(spec.result)
@@ -251,7 +249,7 @@ def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterato
         yield pa.RecordBatch.from_arrays([*batch.columns, *arrays], names=out_names)
 
 
-def _fields(value: Any, names: Sequence[str]) -> Sequence[Any] | None:
+def result_fields(value: Any, names: Sequence[str]) -> Sequence[Any] | None:
     """A reply as the values of the result columns, in order."""
     if value is None:
         return None
@@ -272,8 +270,6 @@ def _map_rows(
     key: Callable[[Any], Any] | None,
     rows: Iterable[Any],
 ) -> Iterator[tuple[Any, ...]]:
-    from framework.spark._task import message_ids
-
     source = iter(rows)
 
     def read() -> Chunk[list[Any]] | None:

@@ -6,52 +6,36 @@ next to its Spark session: Spark's API blocks, so the server cannot share the ca
 
 from __future__ import annotations
 
-import threading
+import contextlib
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import trio
 
-from framework.container import Server
-from framework.service import open_server
+from framework.io.threads import start_trio_thread
+from framework.server.serving import Server, open_server
 
 
-@contextmanager
+@contextlib.contextmanager
 def serve_in_thread(
     *services: object, listen: str = "amqp://127.0.0.1:0", **options: Any
 ) -> Iterator[Server]:
     """Serve ``services`` (as :func:`framework.open_server` takes them) from a daemon thread
     running its own Trio loop, for the duration of the block; yields the running server
-    (``server.url``). Leaving the block shuts it down gracefully and joins the thread."""
-    started = threading.Event()
-    failed: list[BaseException] = []
-    held: list[tuple[Server, trio.lowlevel.TrioToken, trio.Event]] = []
+    (``server.url``). A failure to start is raised here. Leaving the block shuts the server
+    down gracefully (not by cancelling it) and joins the thread."""
 
-    async def main() -> None:
+    async def serve(*, task_status: trio.TaskStatus[tuple[Server, trio.Event]]) -> None:
         async with open_server(*services, listen=listen, **options) as server:
             stop = trio.Event()
-            held.append((server, trio.lowlevel.current_trio_token(), stop))
-            started.set()
+            task_status.started((server, stop))
             await stop.wait()
 
-    def target() -> None:
-        try:
-            trio.run(main)
-        except BaseException as exc:  # a start-up failure, raised in the caller's thread
-            failed.append(exc)
-        finally:
-            started.set()
-
-    thread = threading.Thread(target=target, name="pairlink-server", daemon=True)
-    thread.start()
-    started.wait()
-    if not held:
-        thread.join()
-        raise failed[0] if failed else RuntimeError("the server thread ended before serving")
-    server, token, stop = held[0]
+    thread = start_trio_thread(serve, name="pairlink-server")
+    server, stop = thread.value
     try:
         yield server
     finally:
-        token.run_sync_soon(stop.set)
+        with contextlib.suppress(trio.RunFinishedError):  # it failed meanwhile: join raises it
+            thread.run_sync(stop.set)
         thread.join()

@@ -3,11 +3,12 @@
 Row counts come from the tasks themselves, over pairlink: the driver serves a small service
 (``pairlink.progress``) on its own address (``spark.driver.host``, a free port), and every task
 that calls a service also opens a connection to it and reports its running counts every
-``REPORT_EVERY`` seconds and when it ends. That works wherever executors run, as long as they
-can reach the driver (Spark's own RPC needs that too). Reports are cumulative per task attempt,
-so a lost or repeated report changes nothing and a retried task's count replaces its failed
-attempt's. Reporting runs in a task of its own beside the calls, so it never delays them; a
-task that cannot reach the driver logs it once and goes on without reporting.
+``REPORT_EVERY`` seconds and when it ends (that end is _reporter.py). That works wherever
+executors run, as long as they can reach the driver (Spark's own RPC needs that too). Reports
+are cumulative per task attempt, so a lost or repeated report changes nothing and a retried
+task's count replaces its failed attempt's. Reporting runs in a task of its own beside the
+calls, so it never delays them; a task that cannot reach the driver logs it once and goes on
+without reporting.
 
 When no row counts arrive (the side channel unreachable, or turned off) the bar falls back to
 what Spark's ``statusTracker`` knows: tasks completed of the job's stages.
@@ -26,23 +27,13 @@ import uuid
 from contextlib import ExitStack
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-import structlog
-import trio
-
-from framework.client import connect
-from framework.errors import PairlinkError
-from framework.service import handler, service
-from framework.spark._task import Counts, Plan, task_identity
+from framework.server.service import handler, service
+from framework.spark._reporter import ADDRESS
 from framework.spark.background import serve_in_thread
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = structlog.get_logger("pairlink.spark")
-
-ADDRESS = "pairlink.progress"
-REPORT_EVERY = 0.2
-"""Seconds between a task's reports: a few per second is live enough for a person watching."""
 BAR_WIDTH = 30
 Mode = Literal["rows", "tasks"]
 
@@ -68,29 +59,6 @@ class Tally:
         """Rows answered and errors, over the latest attempt of every task."""
         counts = list(self.tasks.values())  # a copy: the server thread may add to it
         return sum(c[1] for c in counts), sum(c[2] for c in counts)
-
-
-async def report(plan: Plan, counts: Counts, finished: trio.Event) -> None:
-    """A task's reporter: its counts to the driver, every ``REPORT_EVERY`` s and at the end."""
-    assert plan.progress_url is not None
-    stage, partition, attempt = task_identity()
-    try:
-        async with connect(plan.progress_url, timeout=5.0, connect_timeout=2.0) as client:
-            sent: tuple[int, int] | None = None
-            while True:
-                with trio.move_on_after(REPORT_EVERY):
-                    await finished.wait()
-                last = finished.is_set()  # read before the counts: they are final then
-                now = (counts.rows, counts.errors)
-                if now != sent:
-                    await client.call(
-                        ADDRESS, "update", plan.run_id, stage, partition, attempt, *now
-                    )
-                    sent = now
-                if last:
-                    return
-    except (OSError, TimeoutError, PairlinkError) as exc:
-        log.warning("spark.progress_unreachable", url=plan.progress_url, error=str(exc))
 
 
 class Progress:

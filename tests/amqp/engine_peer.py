@@ -11,7 +11,7 @@ from framework.amqp.framing import FrameReader, encode_frame
 from framework.amqp.link import Link
 from framework.amqp.messaging import Source, Target
 from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close
-from framework.testing import engine_pair, pump
+from framework.amqp.testing import engine_pair, pump
 
 
 def of(events: list[Event], kind: type) -> list[Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from framework.amqp import errors
@@ -25,6 +27,7 @@ from framework.amqp.events import (
     TransportFailed,
 )
 from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER
+from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
 from framework.amqp.performatives import (
     RCV_SECOND,
@@ -40,7 +43,7 @@ from framework.amqp.performatives import (
 )
 from framework.amqp.sasl import SaslClient, SaslServer
 from framework.amqp.session import TRANSFER_BOUND
-from framework.testing import engine_pair, pump, sasl_engine_pair
+from framework.amqp.testing import engine_pair, pump, sasl_engine_pair
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,
@@ -96,7 +99,7 @@ def test_pipelined_open_begin_attach_flow_transfer_one_burst(chunk: int | None) 
                     server.flow(link, 1)
             if not server.input_paused:
                 break
-            new = server.receive_data(b"")
+            new = server.resume_input()
     assert [type(e) for e in events] == [
         ConnectionOpened,
         SessionBegun,
@@ -190,7 +193,7 @@ def test_presettled_sends_need_no_disposition() -> None:
     client.send(sender, b"\x00Sw\x40")
     (t,) = frames(client.data_to_send())
     assert t.settled is True
-    assert not sender.session.unsettled_out
+    assert not client.sessions[0].unsettled_out
 
 
 def test_rcv_settle_mode_second_settles_after_the_sender() -> None:
@@ -245,7 +248,7 @@ def test_detach_closed_and_not_closed_and_end_and_close() -> None:
     assert d_s.by_peer and d_s.closed is False
     (d_c,) = of(ev_c, LinkDetached)
     assert not d_c.by_peer
-    client.end(sender.session, Error(condition=errors.INTERNAL_ERROR, description="bye"))
+    client.end(client.sessions[0], Error(condition=errors.INTERNAL_ERROR, description="bye"))
     ev_c, ev_s = pump(client, server)
     (end_s,) = of(ev_s, SessionEnded)
     assert end_s.error.condition == errors.INTERNAL_ERROR and end_s.by_peer
@@ -259,8 +262,8 @@ def test_detach_closed_and_not_closed_and_end_and_close() -> None:
 
 def test_ending_a_session_detaches_its_links() -> None:
     client, server = opened_pair()
-    sender, receiver = linked(client, server)
-    server.end(receiver.session, Error(condition=errors.RESOURCE_DELETED, description="gone"))
+    sender, _ = linked(client, server)
+    server.end(server.sessions[0], Error(condition=errors.RESOURCE_DELETED, description="gone"))
     ev_c, _ = pump(client, server)
     (detached,) = of(ev_c, LinkDetached)
     assert detached.link is sender and detached.closed and detached.by_peer
@@ -281,7 +284,7 @@ def test_refused_pipelined_attach_reports_null_terminus_then_detach() -> None:
     client.send(sender, b"\x00Sw\x40", presume_credit=True)
     (req,) = of(server.receive_data(client.data_to_send()), LinkAttachRequested)
     server.refuse_attach(req.link, Error(condition=errors.NOT_FOUND, description="no node"))
-    assert server.receive_data(b"") == []  # the pipelined transfer is dropped quietly
+    assert server.resume_input() == []  # the pipelined transfer is dropped quietly
     data = server.data_to_send()
     out = frames(data)
     assert [type(f) for f in out] == [Begin, Attach, Detach]
@@ -307,12 +310,12 @@ def test_a_transfer_dropped_on_a_refused_link_still_counts_its_delivery_id() -> 
 
     assert [e.delivery.delivery_id for e in deliver()] == [0]
     doomed = client.attach(
-        good.session, name="x", role=ROLE_SENDER, source=Source("a"), target=Target("nowhere")
+        client.sessions[0], name="x", role=ROLE_SENDER, source=Source("a"), target=Target("nowhere")
     )
     client.send(doomed, b"\x00Sw\x40", presume_credit=True)  # delivery 1
     (req,) = of(server.receive_data(client.data_to_send()), LinkAttachRequested)
     server.refuse_attach(req.link, Error(condition=errors.NOT_FOUND))
-    assert server.receive_data(b"") == []  # dropped, but counted
+    assert server.resume_input() == []  # dropped, but counted
     client.receive_data(server.data_to_send())
     assert [e.delivery.delivery_id for e in deliver()] == [2]
 
@@ -450,6 +453,49 @@ def test_connection_lost_is_a_failure_unless_closed_cleanly() -> None:
     client.close()
     pump(client, server)
     assert client.connection_lost() == []
+
+
+def test_empty_input_is_the_peers_eof() -> None:
+    """``receive_data(b"")`` ends the input, as in h11: a failure unless the close handshake
+    finished, and nothing the peer sent is read after it."""
+    client, server = opened_pair()
+    assert of(client.receive_data(b""), TransportFailed)
+    assert client.transport_done
+    server.begin()
+    assert client.receive_data(server.data_to_send()) == []
+    client, server = opened_pair()
+    client.close()
+    pump(client, server)
+    assert client.receive_data(b"") == []
+
+
+def _paused_by_a_pipelined_attach(server_cfg: dict[str, Any]) -> tuple[Connection, Link]:
+    """A server whose input waits behind a client's attach (a transfer follows it)."""
+    client, server = opened_pair(**server_cfg)
+    sender = client.attach(
+        client.begin(), name="x", role=ROLE_SENDER, source=Source("a"), target=Target("q")
+    )
+    client.send(sender, b"\x00Sw\x40", presume_credit=True)
+    events = server.receive_data(client.data_to_send())
+    (req,) = of(events, LinkAttachRequested)
+    assert server.input_paused and not of(events, MessageReceived)
+    return server, req.link
+
+
+def test_input_held_for_an_attach_goes_on_with_resume_input() -> None:
+    server, link = _paused_by_a_pipelined_attach({})
+    server.answer_attach(link, source=link.remote_source, target=link.remote_target)
+    server.flow(link, 1)
+    (received,) = of(server.resume_input(), MessageReceived)
+    assert received.link is link and not server.input_paused
+
+
+def test_an_engine_that_dies_with_its_input_held_has_none_left_to_resume() -> None:
+    server, _ = _paused_by_a_pipelined_attach({"idle_timeout": 10.0})
+    server.tick(0.0)
+    assert of(server.tick(20.0), TransportFailed)
+    assert not server.input_paused  # a caller resuming while paused would spin forever
+    assert server.resume_input() == []
 
 
 # -- each error condition --------------------------------------------------------------------

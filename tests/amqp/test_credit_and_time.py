@@ -11,7 +11,7 @@ from framework.amqp.errors import LocalProtocolError
 from framework.amqp.events import LinkFlow, TransportFailed
 from framework.amqp.framing import HEARTBEAT
 from framework.amqp.performatives import Close, Flow
-from framework.testing import engine_pair, pump
+from framework.amqp.testing import engine_pair, pump
 from tests.amqp.engine_peer import attach_sender, begun, frames, linked, of, opened_pair, raw
 
 VALUE = b"\x00Sw\x40"

@@ -47,8 +47,8 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
+from framework.amqp.testing import engine_pair, pump
 from framework.amqp.types import Symbol
-from framework.testing import engine_pair, pump
 from tests.amqp.engine_peer import frames
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,7 +139,7 @@ def feed_and_check(server: Connection, data: bytes, step: int | None = None) -> 
             serve(server, new, sent)
             if not server.input_paused:
                 break
-            new = server.receive_data(b"")
+            new = server.resume_input()
         server.tick(float(i))
         out += server.data_to_send()
     internal = [e for e in events if isinstance(e, ProtocolViolation) and e.cause is not None]

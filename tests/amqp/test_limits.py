@@ -23,6 +23,7 @@ from framework.amqp.events import (
     ProtocolViolation,
     SessionBegun,
 )
+from framework.amqp.framing import HEARTBEAT
 from framework.amqp.messaging import Accepted, Message, Source, Target
 from framework.amqp.performatives import (
     ROLE_RECEIVER,
@@ -33,8 +34,8 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
+from framework.amqp.testing import pump
 from framework.amqp.types import Symbol
-from framework.testing import pump
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,
@@ -78,7 +79,7 @@ def test_a_handle_above_our_handle_max_is_a_framing_error() -> None:
     _, server = opened_pair(handle_max=3)
     begun(server)
     attach_sender(server, handle=3, name="ok")
-    server.receive_data(b"")  # resume after the attach request
+    server.resume_input()  # after the attach request
     events, out = server_frames_after(
         server, raw(0, Attach(name="x", handle=4, role=ROLE_SENDER, initial_delivery_count=0))
     )
@@ -179,7 +180,7 @@ def test_tiny_frames_cannot_hold_more_memory_than_the_bytes_they_carry() -> None
     try:
         before = tracemalloc.get_traced_memory()[0]
         server.receive_data(burst)
-        server.receive_data(b"")  # (the reader lets go of the input it has parsed)
+        server.receive_data(HEARTBEAT)  # (the next read lets go of the input parsed)
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()

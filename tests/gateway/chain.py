@@ -15,7 +15,6 @@ bytes, never on logs.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,16 +22,18 @@ from typing import Any
 import attrs
 import trio
 
-from framework import transport, wire
+from framework import handler, hosted, open_server, service
 from framework.amqp.framing import FrameReader
 from framework.amqp.messaging import Message, bare_message_span
 from framework.amqp.performatives import Attach, Detach, Transfer
 from framework.amqp.session import Session
-from framework.endpoints import Receiver, Sender
 from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
 from framework.gateway.config import MAX_PAIRS
-from framework.linkpair import paired_properties
-from framework.service import handler, hosted, open_server, service
+from framework.io.connection import AmqpConnection
+from framework.io.links import Receiver, Sender, open_receiver, open_sender
+from framework.rpc import wire
+from framework.rpc.deadline import wall_time
+from framework.rpc.linkpair import paired_properties
 from services.echo import Echo
 
 LOOPBACK = "127.0.0.1"
@@ -479,7 +480,7 @@ async def _start_co(nursery: trio.Nursery, slow: Slow, echo_mailbox: int | None)
 
 
 def attach_pair(
-    conn: transport.AmqpConnection,
+    conn: AmqpConnection,
     name: str,
     *,
     address: str | None = PUBLIC,
@@ -488,10 +489,16 @@ def attach_pair(
 ) -> tuple[Sender, Receiver]:
     """Attach a pair by hand (LP-3: one name, own addresses mirrored), pipelined, no wait;
     its receiver grants ``credit`` for replies."""
-    sender = conn.open_sender(
-        address, name=name, source_address=name, properties=paired_properties(), session=session
+    sender = open_sender(
+        conn,
+        address,
+        name=name,
+        source_address=name,
+        properties=paired_properties(),
+        session=session,
     )
-    receiver = conn.open_receiver(
+    receiver = open_receiver(
+        conn,
         address,
         name=name,
         target_address=name,
@@ -506,7 +513,7 @@ async def echo_on(sender: Sender, receiver: Receiver, value: Any, deadline: floa
     """One echo call on a hand-made pair, its request expiring ``deadline`` seconds from
     now: its reply's value."""
     request = wire.request_message(
-        "echo", [value], {}, message_id=f"echo-{value}", now=time.time(), timeout=deadline
+        "echo", [value], {}, message_id=f"echo-{value}", now=wall_time(), timeout=deadline
     )
     await sender.send(request, settled=True)
     return wire.parse_reply((await receiver.receive()).message)

@@ -24,7 +24,7 @@ import pytest
 import structlog
 import trio
 
-from framework import net, transport, wire
+from framework import connect, hosted, open_server
 from framework.amqp import errors as conditions
 from framework.amqp.connection import Connection
 from framework.amqp.events import ConnectionOpened
@@ -32,11 +32,12 @@ from framework.amqp.framing import FrameReader, encode_frame
 from framework.amqp.messaging import Message, Source, Target
 from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close, Detach, End
 from framework.amqp.session import Session
-from framework.client import connect
-from framework.endpoints import Receiver, Sender
 from framework.errors import LinkDetachedError
 from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
-from framework.service import hosted, open_server
+from framework.io import net
+from framework.io.connection import AmqpConnection
+from framework.io.links import Receiver, Sender
+from framework.rpc import wire
 from services.echo import Echo
 from tests.gateway.chain import (
     CLIENT_ID,
@@ -74,9 +75,7 @@ PAIRS_PER_SESSION = 500
 """Pairs a test client puts on one of its sessions (1,000 of its 1,024 handles)."""
 
 
-def open_pairs(
-    conn: transport.AmqpConnection, count: int, prefix: str
-) -> list[tuple[Sender, Receiver]]:
+def open_pairs(conn: AmqpConnection, count: int, prefix: str) -> list[tuple[Sender, Receiver]]:
     """``count`` pairs on as many sessions of ``conn`` as they need, all pipelined."""
     pairs = []
     session: Session | None = None
@@ -269,8 +268,8 @@ async def test_lp11_past_max_pairs_a_new_pair_is_refused_and_the_others_keep_wor
             assert caught.value.condition == conditions.RESOURCE_LIMIT_EXCEEDED
 
             # one pair ends: its place is free again, for the next caller
-            kept[0][0].close()
-            kept[0][1].close()
+            kept[0][0].detach()
+            kept[0][1].detach()
             await wait_until(lambda: gn.pairs.used == limit - 1)
             with trio.fail_after(10):
                 assert await client.call(PUBLIC, "echo", 2) == 2
@@ -306,8 +305,8 @@ async def test_lp9_a_routing_node_and_each_of_its_legs_count_against_max_pairs()
         with trio.fail_after(10), pytest.raises(LinkDetachedError) as caught:
             await other[0].take_credit()
         assert caught.value.condition == conditions.RESOURCE_LIMIT_EXCEEDED
-        sender.close()
-        receiver.close()
+        sender.detach()
+        receiver.detach()
         await wait_until(lambda: gn.pairs.used == 0)
 
 

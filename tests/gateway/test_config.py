@@ -17,7 +17,7 @@ from framework.gateway.config import (
     parse_config,
 )
 from framework.gateway.toml_lines import KeyLines, dotted
-from framework.limits import Limits
+from framework.io.limits import Limits
 from tests.tls import TlsFiles
 
 ENV = {"GN_APPS_PASSWORD": "apps-secret", "GN_OPS_PASSWORD": "ops-secret", "GN_UP": "up-secret"}

@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework.client import connect
+from framework import connect, hosted, open_server
 from framework.errors import ConnectionLostError, LinkDetachedError
 from framework.gateway import GatewayConfig, Route, open_gateway
-from framework.service import hosted, open_server
 from services.echo import Echo
 from tests.tls import CLIENT_IDENTITY, TlsFiles, make_tls_files
 
@@ -115,7 +114,8 @@ async def test_mutual_tls_logs_a_certificate_in_as_the_user_allow_lists_name(
         ) as client,
     ):
         assert await client.call("billing", "echo", "by certificate") == "by certificate"
-        (downstream,) = gw.peers.values()
+        assert gw.listener is not None
+        (downstream,) = gw.listener.handlers.values()
         assert downstream.user == CLIENT_IDENTITY
 
 

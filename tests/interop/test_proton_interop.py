@@ -19,10 +19,18 @@ import trio
 from framework.amqp import errors
 from framework.amqp.link import Link
 from framework.amqp.messaging import Accepted, Message, Properties, Rejected
-from framework.endpoints import Receiver, Sender
 from framework.errors import AuthenticationError, ConnectionLostError
-from framework.net import Listener, connect, listen
-from framework.transport import AmqpConnection
+from framework.io.connection import AmqpConnection
+from framework.io.links import (
+    Receiver,
+    Sender,
+    accept_receiver,
+    accept_sender,
+    open_receiver,
+    open_sender,
+)
+from framework.io.listener import Listener, listen
+from framework.io.net import connect
 from tests.interop.proton_peers import (
     ProtonServer,
     blocking_receive,
@@ -31,6 +39,7 @@ from tests.interop.proton_peers import (
     run_client,
     sasl_plain_server_available,
 )
+from tests.listening import EachLink, answering
 from tests.tls import TlsFiles
 
 BIG = 1 << 20
@@ -91,8 +100,8 @@ def check_received_by_proton(server: ProtonServer) -> None:
 async def _our_client_round_trip(server: ProtonServer, url: str) -> None:
     async with connect(url) as conn:
         await conn.wait_opened()
-        sender = conn.open_sender("inbox")
-        receiver = conn.open_receiver("outbox", credit=50)
+        sender = open_sender(conn, "inbox")
+        receiver = open_receiver(conn, "outbox", credit=50)
         outcomes = await send_all(sender, our_messages())
         assert all(isinstance(o, Accepted) for o in outcomes), outcomes[:3]
         proton_out = make_messages(20, big_index=3)
@@ -130,7 +139,7 @@ async def test_a_our_client_to_proton_server_sasl_plain() -> None:
 async def test_a_rejected_outcome_from_proton_reaches_our_sender() -> None:
     with ProtonServer(disposition=lambda _msg: "reject") as server:
         async with connect(server.url()) as conn:
-            delivery = await conn.open_sender("inbox").send(Message(body="no"))
+            delivery = await open_sender(conn, "inbox").send(Message(body="no"))
             assert isinstance(delivery.remote_state, Rejected)
 
 
@@ -147,9 +156,9 @@ class Node:
 
     def on_attach(self, conn: AmqpConnection, link: Link) -> None:
         if link.is_receiver:
-            self.nursery.start_soon(self._keep, conn.accept_receiver(link, credit=100))
+            self.nursery.start_soon(self._keep, accept_receiver(conn, link, credit=100))
         else:
-            self.nursery.start_soon(self._feed, conn.accept_sender(link))
+            self.nursery.start_soon(self._feed, accept_sender(conn, link))
 
     async def _keep(self, receiver: Receiver) -> None:
         async for item in receiver:
@@ -166,10 +175,14 @@ class Node:
 
 
 @asynccontextmanager
-async def our_server(to_send: int = 0, **kwargs: Any) -> AsyncIterator[tuple[Listener, Node]]:
+async def our_server(
+    to_send: int = 0, **kwargs: Any
+) -> AsyncIterator[tuple[Listener[EachLink], Node]]:
     async with trio.open_nursery() as nursery:
         node = Node(nursery, to_send)
-        async with listen("amqp://127.0.0.1:0", on_attach=node.on_attach, **kwargs) as listener:
+        async with listen(
+            "amqp://127.0.0.1:0", accept=answering(node.on_attach), **kwargs
+        ) as listener:
             yield listener, node
         nursery.cancel_scope.cancel()
 
@@ -237,7 +250,7 @@ async def test_c_our_client_to_proton_over_tls(tls_files: TlsFiles) -> None:
     with ProtonServer(tls=tls_files) as server:
         url = server.url().replace("amqp://", "amqps://")
         async with connect(url, ssl_context=tls_files.client_context()) as conn:
-            outcomes = await send_all(conn.open_sender("inbox"), our_messages(50))
+            outcomes = await send_all(open_sender(conn, "inbox"), our_messages(50))
         assert all(isinstance(o, Accepted) for o in outcomes)
         assert len(server.wait_for_messages(50)) == 50
 
@@ -246,7 +259,9 @@ async def test_c_proton_client_to_our_listener_over_tls(tls_files: TlsFiles) -> 
     async with trio.open_nursery() as nursery:
         node = Node(nursery)
         async with listen(
-            "amqps://127.0.0.1:0", on_attach=node.on_attach, ssl_context=tls_files.server_context()
+            "amqps://127.0.0.1:0",
+            accept=answering(node.on_attach),
+            ssl_context=tls_files.server_context(),
         ) as listener:
             result = await trio.to_thread.run_sync(
                 functools.partial(
@@ -303,7 +318,7 @@ async def test_d_a_silent_proton_peer_is_detected_by_our_idle_timeout() -> None:
             with pytest.raises(ConnectionLostError) as exc:
                 async with connect(f"amqp://127.0.0.1:{relay.port}", idle_timeout=1.0) as conn:
                     await conn.wait_opened()
-                    await conn.open_sender("inbox").send(Message(body="before"))
+                    await open_sender(conn, "inbox").send(Message(body="before"))
                     relay.freeze()
                     start = trio.current_time()
                     await conn.closed.wait()
@@ -321,7 +336,7 @@ async def test_d_our_heartbeats_keep_an_idle_proton_connection_alive() -> None:
         async with connect(server.url(), idle_timeout=None) as conn:
             await conn.wait_opened()
             await trio.sleep(3)
-            delivery = await conn.open_sender("inbox").send(Message(body="still here"))
+            delivery = await open_sender(conn, "inbox").send(Message(body="still here"))
             assert isinstance(delivery.remote_state, Accepted)
         assert not server.errors
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from framework.container import Server
-from framework.service import handler, service
+from framework import handler, service
+from framework.server.serving import Server
 
 
 @service("recorder", max_concurrency=64, mailbox=1024, dedup_window=600)

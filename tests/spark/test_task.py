@@ -10,9 +10,10 @@ from collections import Counter
 import pytest
 import trio
 
-from framework.service import handler, open_server, service
+from framework import handler, open_server, service
 from framework.spark._task import Chunk, Plan, message_ids, run_task
-from framework.spark.api import _fields
+from framework.spark.api import result_fields
+from framework.spark.background import serve_in_thread
 from framework.spark.progress import Tally
 from tests.test_client_e2e import Relay
 
@@ -91,14 +92,14 @@ def test_the_tally_keeps_the_latest_attempt_of_each_task() -> None:
 
 def test_a_reply_fills_the_result_columns_by_name_position_or_alone() -> None:
     names = ["score", "label"]
-    assert _fields({"label": "x", "score": 1.0, "extra": 0}, names) == [1.0, "x"]
-    assert _fields([1.0, "x"], names) == [1.0, "x"]
-    assert _fields(None, names) is None
-    assert _fields(3, ["n"]) == [3]
+    assert result_fields({"label": "x", "score": 1.0, "extra": 0}, names) == [1.0, "x"]
+    assert result_fields([1.0, "x"], names) == [1.0, "x"]
+    assert result_fields(None, names) is None
+    assert result_fields(3, ["n"]) == [3]
     with pytest.raises(ValueError, match="a reply of 1 values for 2 result columns"):
-        _fields([1.0], names)
+        result_fields([1.0], names)
     with pytest.raises(TypeError, match="a reply of type int for 2 result columns"):
-        _fields(3, names)
+        result_fields(3, names)
 
 
 def test_importing_framework_spark_imports_neither_pyspark_nor_pyarrow() -> None:
@@ -108,3 +109,10 @@ def test_importing_framework_spark_imports_neither_pyspark_nor_pyarrow() -> None
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_server_that_cannot_start_fails_serve_in_thread_at_once() -> None:
+    with serve_in_thread(Tally()) as server:
+        taken = f"amqp://127.0.0.1:{server.port}"
+        with pytest.raises(OSError), serve_in_thread(Tally(), listen=taken):
+            pytest.fail("served on a port already taken")

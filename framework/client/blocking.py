@@ -20,42 +20,27 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-import attrs
 import structlog
 import trio
 
-from framework import client as aio
+from framework.client import client as aio
 from framework.errors import ConnectionLostError
-from framework.payload import Encoding
+from framework.io.threads import TrioThread, start_trio_thread
+from framework.rpc.payload import Encoding
 
 log = structlog.get_logger("pairlink.blocking")
 
 CLOSE_TIMEOUT = 10.0
 
 
-@attrs.define
-class _Portal:
-    """A Trio run in a daemon thread, with a nursery for the connections it holds."""
+_Portal = TrioThread[trio.Nursery]
+"""The process's Trio thread; its value is the nursery of the connections it holds."""
 
-    pid: int
-    token: trio.lowlevel.TrioToken
-    nursery: trio.Nursery
 
-    @classmethod
-    def start(cls) -> _Portal:
-        ready = threading.Event()
-        box: list[_Portal] = []
-
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
-                box.append(cls(os.getpid(), trio.lowlevel.current_trio_token(), nursery))
-                ready.set()
-                await trio.sleep_forever()
-
-        thread = threading.Thread(target=trio.run, args=(main,), name="pairlink-trio", daemon=True)
-        thread.start()
-        ready.wait()
-        return box[0]
+async def _hold_nursery(*, task_status: trio.TaskStatus[trio.Nursery]) -> None:
+    async with trio.open_nursery() as nursery:
+        task_status.started(nursery)
+        await trio.sleep_forever()
 
 
 _portal: _Portal | None = None
@@ -76,8 +61,8 @@ os.register_at_fork(after_in_child=_forget_portal)
 def _current_portal() -> _Portal:
     global _portal
     with _portal_lock:
-        if _portal is None or _portal.pid != os.getpid():
-            _portal = _Portal.start()
+        if _portal is None or not _portal.in_this_process:
+            _portal = start_trio_thread(_hold_nursery, name="pairlink-trio")
         return _portal
 
 
@@ -108,9 +93,7 @@ class Client:
             if self._client is None or self._portal is None:
                 portal = _current_portal()
                 self._stopped = threading.Event()
-                self._client, self._stop = trio.from_thread.run(
-                    portal.nursery.start, self._hold, self._stopped, trio_token=portal.token
-                )
+                self._client, self._stop = portal.run(portal.value.start, self._hold, self._stopped)
                 self._portal = portal
             return self._client, self._portal
 
@@ -138,7 +121,7 @@ class Client:
     def _run(self, action: Callable[[aio.Client], Awaitable[Any]]) -> Any:
         """Run ``action(async client)`` in the Trio thread; block until it is done."""
         client, portal = self._ensure()
-        return trio.from_thread.run(functools.partial(action, client), trio_token=portal.token)
+        return portal.run(action, client)
 
     def call(
         self,
@@ -178,7 +161,7 @@ class Client:
         stop, portal = self._stop, self._portal
         if self._pid != os.getpid() or stop is None or portal is None:
             return
-        trio.from_thread.run_sync(stop.set, trio_token=portal.token)
+        portal.run_sync(stop.set)
         self._stopped.wait(CLOSE_TIMEOUT)
 
     def __enter__(self) -> Client:

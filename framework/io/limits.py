@@ -15,9 +15,9 @@ from framework.amqp.codec import MAX_ELEMENTS
 from framework.amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
 from framework.amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from framework.amqp.session import HANDLE_MAX
-from framework.login_throttle import LOGIN_PENALTY, LoginThrottle
-from framework.net import HANDSHAKE_TIMEOUT
-from framework.transport import MAX_OUTGOING_BYTES
+from framework.io.connection import MAX_OUTGOING_BYTES
+from framework.io.listener import HANDSHAKE_TIMEOUT
+from framework.io.login_throttle import LOGIN_PENALTY, LoginThrottle
 
 
 @attrs.frozen(kw_only=True)
@@ -57,7 +57,7 @@ class Limits:
         }
 
     def listen_options(self) -> dict[str, Any]:
-        """Keyword arguments for :func:`framework.net.listen`."""
+        """Keyword arguments for :func:`framework.io.listener.listen`."""
         return {
             "handshake_timeout": self.handshake_timeout,
             "max_connections": self.max_connections,

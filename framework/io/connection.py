@@ -12,7 +12,7 @@ above acts through its methods (``flow``, ``send``, ``settle``, ``detach``, ``at
 which wake the writer and turn engine refusals into pairlink errors. It also keeps the
 connection's own limits: an exception in handling its input closes it alone
 (``amqp:internal-error``), and a peer that does not read what we send gets no new credit,
-then is not read either (``MAX_OUTGOING_BYTES``). :mod:`framework.net` makes connections
+then is not read either (``MAX_OUTGOING_BYTES``). :mod:`framework.io.net` makes connections
 (URLs, connect, listen, TLS).
 """
 
@@ -22,7 +22,7 @@ import itertools
 import math
 import ssl
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import trio
@@ -42,14 +42,13 @@ from framework.amqp.events import (
     MessageReceived,
     ProtocolViolation,
     SaslDone,
+    SessionBegun,
     SessionEnded,
     TransportFailed,
 )
 from framework.amqp.link import Delivery, Link, LinkState
 from framework.amqp.messaging import Error, Source, Target
-from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
-from framework.amqp.session import Session
-from framework.endpoints import Endpoint, Receiver, Sender
+from framework.amqp.session import Session, SessionState
 from framework.errors import (
     AuthenticationError,
     ConnectionLostError,
@@ -83,7 +82,19 @@ _conn_ids = itertools.count(1)
 
 
 OnAttach = Callable[["AmqpConnection", Link], None]
-"""Called for each link the peer opens; must answer it (``accept_*``) or ``refuse`` it."""
+"""Called for each link the peer opens; must answer it (``framework.io.links.accept``) or
+``refuse`` it."""
+
+
+class LinkEvents(Protocol):
+    """What the connection tells the end of one of its links (``link.user_data``): the
+    link API's :class:`framework.io.links.LinkEnd`, which passes them to the link's owner."""
+
+    def on_attached(self) -> None: ...
+    def on_flow(self) -> None: ...
+    def on_message(self, delivery: Delivery, payload: bytes) -> None: ...
+    def on_update(self, delivery: Delivery) -> None: ...
+    def on_ended(self, detached: LinkDetachedError | None = None) -> None: ...
 
 
 class AmqpConnection:
@@ -115,6 +126,7 @@ class AmqpConnection:
         self._kicked = False  # a wake-up is pending: further kicks need not touch the channel
         self._timer_kick = trio.Event()
         self._session: Session | None = None
+        self._session_waiters: dict[Session, trio.Event] = {}
         self._names = itertools.count(1)
         self._input_hold: trio.Event | None = None
         self.max_outgoing_bytes = max_outgoing_bytes
@@ -189,12 +201,15 @@ class AmqpConnection:
         self.kick()  # the writer flushes what is left (a close reply) and ends
         self._timer_kick.set()
         self._drained.set()
+        for waiter in self._session_waiters.values():
+            waiter.set()
+        self._session_waiters.clear()
         for session in list(self.engine.sessions.values()):
             for link in list(session.links.values()):
-                endpoint = link.user_data
-                if isinstance(endpoint, Endpoint):
+                end: LinkEvents | None = link.user_data
+                if end is not None:
                     try:
-                        endpoint.link_ended()
+                        end.on_ended()
                     except Exception as exc:  # the connection is over: log it, wake the rest
                         self.log.error("link.end_failed", link=link.name, exc_info=exc)
 
@@ -213,7 +228,7 @@ class AmqpConnection:
                     self._dispatch(engine.connection_lost(), lost=f"read failed: {exc!r}")
                     return
                 if not data:
-                    self._dispatch(engine.connection_lost(), lost="the peer closed the socket")
+                    self._dispatch(engine.receive_data(b""), lost="the peer closed the socket")
                     return
                 if self._abandoned:
                     continue  # read on to the peer's EOF, feeding nothing
@@ -272,13 +287,16 @@ class AmqpConnection:
             if self._feed(view[start : start + FEED_SLICE]):
                 await self._resume_held()
 
-    def _feed(self, data: bytes | bytearray | memoryview) -> bool:
-        """Hand bytes to the engine and dispatch what they meant; True when an ``on_attach``
-        held the input (``hold_input``), with bytes still waiting in the engine."""
+    def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+        """Hand bytes to the engine (None: resume the input it holds) and dispatch what they
+        meant; True when an ``on_attach`` held the input (``hold_input``), with bytes still
+        waiting in the engine."""
         engine = self.engine
         try:
-            now = trio.current_time()  # dates the input: the idle timeout counts from it
-            events = engine.receive_data(data, now)
+            if data is None:
+                events = engine.resume_input()
+            else:  # the time dates the input: the idle timeout counts from it
+                events = engine.receive_data(data, trio.current_time())
             while True:
                 self._dispatch(events)
                 if not engine.input_paused or self._abandoned:
@@ -286,7 +304,7 @@ class AmqpConnection:
                 if self._input_hold is not None:
                     self.kick()
                     return True
-                events = engine.receive_data(b"", now)
+                events = engine.resume_input()
         except Exception as exc:  # the engine's own bug: this connection alone pays for it
             self._abandon(exc)
         self.kick()
@@ -314,7 +332,7 @@ class AmqpConnection:
         while self._input_hold is not None:
             await self._input_hold.wait()
             self._input_hold = None
-            if self._feed(b""):
+            if self._feed(None):
                 continue
             return
 
@@ -434,37 +452,46 @@ class AmqpConnection:
             self.on_attach(self, link)
         self.kick()
 
+    # A link's ``user_data`` is its end (LinkEvents) once an owner took it, else None.
+
     def _on_attached(self, event: LinkAttached) -> None:
-        endpoint = event.link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.attached.set()
-            endpoint.on_attached()
+        end: LinkEvents | None = event.link.user_data
+        if end is not None:
+            end.on_attached()
 
     def _on_flow(self, event: LinkFlow) -> None:
-        endpoint = event.link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.on_flow()
+        end: LinkEvents | None = event.link.user_data
+        if end is not None:
+            end.on_flow()
 
     def _on_message(self, event: MessageReceived) -> None:
-        endpoint = event.link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.on_message(event.delivery, event.payload)
+        end: LinkEvents | None = event.link.user_data
+        if end is not None:
+            end.on_message(event.delivery, event.payload)
 
     def _on_update(self, event: DeliveryUpdated) -> None:
-        endpoint = event.link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.on_update(event.delivery)
+        end: LinkEvents | None = event.link.user_data
+        if end is not None:
+            end.on_update(event.delivery)
 
     def _on_detached(self, event: LinkDetached) -> None:
-        endpoint = event.link.user_data
-        if isinstance(endpoint, Endpoint):
-            endpoint.link_ended(
+        end: LinkEvents | None = event.link.user_data
+        if end is not None:
+            end.on_ended(
                 LinkDetachedError.from_amqp(event.error, f"link {event.link.name!r} detached")
             )
+
+    def _on_session_begun(self, event: SessionBegun) -> None:
+        waiter = self._session_waiters.pop(event.session, None)
+        if waiter is not None:
+            waiter.set()
 
     def _on_session_ended(self, event: SessionEnded) -> None:
         if event.session is self._session:
             self._session = None
+        waiter = self._session_waiters.pop(event.session, None)
+        if waiter is not None:
+            waiter.set()  # wait_begun sees the session's state and says it ended
 
     # -- acting on the engine (see the module docstring) -----------------------------------
 
@@ -569,6 +596,21 @@ class AmqpConnection:
         self.kick()
         return session
 
+    async def wait_begun(self, session: Session) -> None:
+        """Wait for the peer's begin answering ``session``. A pipelined transfer must not
+        reach a session the peer has not set up yet: Proton, whose application begins a
+        session only after reading the whole burst, closes the connection with
+        window-violation. ``ConnectionLostError`` if the connection or the session ends."""
+        while session.state is SessionState.BEGIN_SENT:
+            self.raise_if_closed()
+            waiter = self._session_waiters.get(session)
+            if waiter is None:
+                waiter = self._session_waiters[session] = trio.Event()
+            await waiter.wait()
+        self.raise_if_closed()
+        if session.state is not SessionState.MAPPED:
+            raise ConnectionLostError("the peer ended the session")
+
     @property
     def remote_offered_capabilities(self) -> list[str]:
         return self.engine.remote_offered_capabilities
@@ -594,71 +636,6 @@ class AmqpConnection:
 
     def link_name(self, prefix: str) -> str:
         return f"{prefix}-{self.engine.config.container_id}-{next(self._names)}"
-
-    def open_sender(
-        self,
-        address: str | None,
-        *,
-        name: str | None = None,
-        source_address: str | None = None,
-        properties: dict[Any, Any] | None = None,
-        snd_settle_mode: int = SND_MIXED,
-        rcv_settle_mode: int = RCV_FIRST,
-        session: Session | None = None,
-    ) -> Sender:
-        """Attach a sending link to ``address``; frames go out at once, no waiting."""
-        link = self.attach(
-            session=session,
-            name=name or self.link_name("sender"),
-            role=ROLE_SENDER,
-            source=Source(address=source_address),
-            target=Target(address=address),
-            snd_settle_mode=snd_settle_mode,
-            rcv_settle_mode=rcv_settle_mode,
-            properties=properties,
-        )
-        return Sender(self, link)
-
-    def open_receiver(
-        self,
-        address: str | None,
-        *,
-        credit: int = 100,
-        name: str | None = None,
-        target_address: str | None = None,
-        dynamic: bool = False,
-        properties: dict[Any, Any] | None = None,
-        rcv_settle_mode: int = RCV_FIRST,
-        session: Session | None = None,
-    ) -> Receiver:
-        """Attach a receiving link from ``address`` and grant it ``credit`` at once."""
-        link = self.attach(
-            session=session,
-            name=name or self.link_name("receiver"),
-            role=ROLE_RECEIVER,
-            source=Source(address=address, dynamic=dynamic),
-            target=Target(address=target_address),
-            rcv_settle_mode=rcv_settle_mode,
-            properties=properties,
-        )
-        receiver = Receiver(self, link, credit)
-        receiver.grant()
-        return receiver
-
-    def accept_receiver(self, link: Link, *, credit: int = 100, **attach: Any) -> Receiver:
-        """Answer a peer's sending link: we receive on it, holding ``credit`` at most."""
-        self.answer_attach(link, **attach)
-        receiver = Receiver(self, link, credit)
-        receiver.attached.set()
-        receiver.grant()
-        return receiver
-
-    def accept_sender(self, link: Link, **attach: Any) -> Sender:
-        """Answer a peer's receiving link: we send on it as its credit allows."""
-        self.answer_attach(link, **attach)
-        sender = Sender(self, link)
-        sender.attached.set()
-        return sender
 
     def refuse(
         self,
@@ -691,5 +668,6 @@ _HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
     MessageReceived: AmqpConnection._on_message,
     DeliveryUpdated: AmqpConnection._on_update,
     LinkDetached: AmqpConnection._on_detached,
+    SessionBegun: AmqpConnection._on_session_begun,
     SessionEnded: AmqpConnection._on_session_ended,
 }

@@ -1,8 +1,12 @@
-"""Where connections come from: ``amqp[s]://`` URLs, ``connect`` and ``listen`` over TCP or
-TLS, and the limits a listener keeps (handshake time, connections at once, failed logins).
+"""Listening: ``listen`` accepts AMQP connections over TCP or TLS, keeps the limits a
+listener owes its process (handshake time, connections at once, failed logins), and gives
+each open connection a handler of the caller's making (:class:`ConnectionHandler`).
 
-Both hand each socket to :func:`open_connection`, which runs an
-:class:`~framework.transport.AmqpConnection` over it (or over any other Trio stream).
+The handler is the one place the layers above keep per-connection state (the server's
+reply routes, the gateway's relayed pairs): the listener makes it once the connection is
+open, before the connection's first attach is answered, routes that connection's attaches
+to it, and tells it once when the connection ends, so neither servers nor gateways track
+connections themselves.
 """
 
 from __future__ import annotations
@@ -12,194 +16,89 @@ import resource
 import ssl
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
-from urllib.parse import unquote, urlsplit
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import structlog
 import trio
 
 from framework.amqp.connection import ConnectionConfig
-from framework.amqp.sasl import EXTERNAL, SaslClient, SaslServer
+from framework.amqp.link import Link
+from framework.amqp.sasl import SaslServer
 from framework.errors import AuthenticationError, ConnectionLostError
-from framework.login_throttle import LoginThrottle
-from framework.taskgroups import body_errors_unwrapped
-from framework.transport import MAX_OUTGOING_BYTES, AmqpConnection, OnAttach
+from framework.io.connection import MAX_OUTGOING_BYTES, AmqpConnection
+from framework.io.login_throttle import LoginThrottle
+from framework.io.net import AmqpUrl, open_connection
+from framework.io.taskgroups import body_errors_unwrapped
 
 log = structlog.get_logger("pairlink.transport")
 
-AMQP_PORT = 5672
-AMQPS_PORT = 5671
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a listener gives a new connection to finish its handshake (TLS, protocol header,
 SASL, open); one that has not by then is dropped, so silent sockets cannot pile up."""
 
-CONNECT_FAILURES = (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionLostError)
-"""What ``connect`` (or a connection it made) may fail with that another attempt may not:
-network trouble, a timeout, a failed TLS handshake, a lost connection (``AuthenticationError``
-is one too: wrong credentials stay wrong, so callers that retry check for it first)."""
+
+class ConnectionHandler(Protocol):
+    """What a listener's ``accept`` makes of each open connection: the owner of that
+    connection's links, told of each link the peer opens and of the connection's end."""
+
+    def on_attach(self, link: Link) -> None:
+        """The peer opens ``link``: answer it (``accept_*``, ``answer_attach``) or refuse it."""
+
+    def on_closed(self) -> None:
+        """The connection is over (said once): forget what was kept for it."""
 
 
-@attrs.frozen
-class AmqpUrl:
-    """``amqp[s]://[user:password@]host[:port]`` split into what a connection needs."""
-
-    scheme: str
-    host: str
-    port: int
-    username: str | None = None
-    password: str | None = None
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "amqps"
-
-    @classmethod
-    def parse(cls, url: str) -> AmqpUrl:
-        parts = urlsplit(url)
-        if parts.scheme not in ("amqp", "amqps"):
-            raise ValueError(f"{url!r}: the scheme must be amqp or amqps")
-        if not parts.hostname:
-            raise ValueError(f"{url!r}: no host")
-        default = AMQPS_PORT if parts.scheme == "amqps" else AMQP_PORT
-        return cls(
-            parts.scheme,
-            parts.hostname,
-            parts.port if parts.port is not None else default,
-            unquote(parts.username) if parts.username else None,
-            unquote(parts.password) if parts.password else None,
-        )
-
-
-@asynccontextmanager
-async def open_connection(
-    stream: trio.abc.Stream,
-    config: ConnectionConfig,
-    *,
-    initiator: bool,
-    peer: str = "?",
-    on_attach: OnAttach | None = None,
-    max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
-) -> AsyncIterator[AmqpConnection]:
-    """Run AMQP over any Trio stream; closes it (and the stream) when the block ends."""
-    conn = AmqpConnection(
-        stream,
-        config,
-        initiator=initiator,
-        peer=peer,
-        on_attach=on_attach,
-        max_outgoing_bytes=max_outgoing_bytes,
-    )
-    conn.log.info("connection.start", initiator=initiator)
-    with body_errors_unwrapped() as body:
-        try:
-            async with trio.open_nursery() as nursery:
-                await conn._run(nursery)
-                if initiator:
-                    conn.engine.open()
-                    conn.kick()
-                try:
-                    async with body:
-                        yield conn
-                    await conn.close()
-                finally:
-                    if conn.closed.is_set():  # let the writer say its last words (bounded)
-                        with trio.move_on_after(1, shield=True):
-                            await conn.flushed.wait()
-                    nursery.cancel_scope.cancel()
-        finally:
-            conn._finish(conn.error)
-            await trio.aclose_forcefully(stream)
-
-
-def client_config(
-    url: AmqpUrl,
-    *,
-    container_id: str | None = None,
-    idle_timeout: float | None = 60.0,
-    sasl: bool | str = True,
-    **extra: Any,
-) -> ConnectionConfig:
-    """Our client's engine settings for ``url``.
-
-    ``sasl``: True picks PLAIN when the URL has a user, else ANONYMOUS; "EXTERNAL" lets the
-    TLS client certificate speak for us; False skips the SASL layer.
-    """
-    client: SaslClient | None = None
-    if sasl == EXTERNAL:
-        client = SaslClient.external()
-    elif url.username and sasl:
-        client = SaslClient.plain(url.username, url.password or "")
-    elif sasl:
-        client = SaslClient.anonymous()
-    if client is not None:
-        client.hostname = url.host
-    return ConnectionConfig(
-        container_id=container_id or f"pairlink-{uuid.uuid4()}",
-        hostname=url.host,
-        idle_timeout=idle_timeout,
-        sasl=client,
-        **extra,
-    )
-
-
-@asynccontextmanager
-async def connect(
-    url: str,
-    *,
-    ssl_context: ssl.SSLContext | None = None,
-    on_attach: OnAttach | None = None,
-    connect_timeout: float = 30.0,
-    max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
-    **config: Any,
-) -> AsyncIterator[AmqpConnection]:
-    """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
-    user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it.
-    ``config``: ``ConnectionConfig`` fields (``idle_timeout``, the engine's limits...)."""
-    parsed = AmqpUrl.parse(url)
-    peer = f"{parsed.host}:{parsed.port}"
-    with trio.fail_after(connect_timeout):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(parsed.host, parsed.port)
-    if parsed.tls:
-        context = ssl_context or ssl.create_default_context()
-        stream = trio.SSLStream(stream, context, server_hostname=parsed.host)
-        try:
-            with trio.fail_after(connect_timeout):
-                await stream.do_handshake()
-        except BaseException as exc:
-            await trio.aclose_forcefully(stream)
-            if isinstance(exc, trio.BrokenResourceError):  # say why: the ssl error it wraps
-                why = exc.__cause__ or exc
-                raise ConnectionLostError(f"TLS handshake with {peer} failed: {why}") from exc
-            raise
-    async with open_connection(
-        stream,
-        client_config(parsed, **config),
-        initiator=True,
-        peer=peer,
-        on_attach=on_attach,
-        max_outgoing_bytes=max_outgoing_bytes,
-    ) as conn:
-        yield conn
+H = TypeVar("H", bound=ConnectionHandler)
 
 
 @attrs.define
-class Listener:
-    """A running listener: where it listens, and its connections."""
+class Listener(Generic[H]):
+    """A running listener: where it listens, its connections, and the handler of each open
+    one (by connection, from ``accept``)."""
 
     url: str
     port: int
+    _accept: Callable[[AmqpConnection], H]
     connections: set[AmqpConnection] = attrs.field(factory=set)
+    """Every connection, those still in their handshake too."""
+    handlers: dict[AmqpConnection, H] = attrs.field(factory=dict)
+    """The open connections' handlers, until each has been told ``on_closed``."""
+
+    def on_attach(self, conn: AmqpConnection, link: Link) -> None:
+        """The ``OnAttach`` the listener gives each of its connections: ``link`` goes to the
+        connection's handler."""
+        handler = self._handler(conn)
+        if handler is not None:
+            handler.on_attach(link)
+
+    def _handler(self, conn: AmqpConnection) -> H | None:
+        """``conn``'s handler, made at its first call: when the open arrived, or at the first
+        attach if that came in the same read (LP-10). None once the connection is over: an
+        attach still read after our close needs no answer."""
+        handler = self.handlers.get(conn)
+        if handler is None and not conn.closed.is_set():
+            handler = self.handlers[conn] = self._accept(conn)
+        return handler
+
+    async def _serve_open(self, conn: AmqpConnection) -> None:
+        """For an open connection's lifetime: its handler exists, and hears of its end."""
+        self._handler(conn)
+        try:
+            await conn.closed.wait()
+        finally:  # cancelled too: leaving ``listen`` tells every handler
+            handler = self.handlers.pop(conn, None)
+            if handler is not None:
+                handler.on_closed()
 
 
 @asynccontextmanager
 async def listen(
     url: str,
     *,
-    on_attach: OnAttach | None = None,
-    handler: Callable[[AmqpConnection], Awaitable[None]] | None = None,
+    accept: Callable[[AmqpConnection], H],
     users: dict[str, str] | None = None,
     allow_anonymous: bool | None = None,
     ssl_context: ssl.SSLContext | None = None,
@@ -212,22 +111,25 @@ async def listen(
     login_throttle: LoginThrottle | None = None,
     certificate_users: Collection[str] | None = None,
     **config: Any,
-) -> AsyncIterator[Listener]:
+) -> AsyncIterator[Listener[H]]:
     """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one).
+
+    ``accept`` makes the :class:`ConnectionHandler` of each connection once it is open (its
+    SASL identity known); the handler answers every link the peer opens and hears
+    ``on_closed`` once when the connection ends. Leaving the block closes every connection
+    (each handler is told before it returns).
 
     ``users`` enables SASL PLAIN against that table (ANONYMOUS then only if
     ``allow_anonymous``); a client certificate that ``ssl_context`` verified logs its peer in
     with SASL EXTERNAL as its common name (else its first subjectAltName), only when that
-    name is one of ``certificate_users`` if given. ``on_attach`` answers the links peers
-    open; ``handler`` runs for each connection's lifetime. Leaving the block closes every
-    connection.
+    name is one of ``certificate_users`` if given.
 
     Limits: a connection that has not finished its handshake (TLS, header, SASL, open) within
     ``handshake_timeout`` seconds is dropped; past ``max_connections`` at once (default
     :func:`default_max_connections`) a new connection is closed as soon as it is accepted;
     ``max_outgoing_bytes`` bounds what each connection holds for a peer that does not read.
     After a refused login, new connections from that peer address are served one at a time,
-    ``login_throttle.penalty`` seconds apart (:mod:`framework.login_throttle`).
+    ``login_throttle.penalty`` seconds apart (:mod:`framework.io.login_throttle`).
     """
     parsed = AmqpUrl.parse(url)
     if parsed.tls and ssl_context is None:
@@ -237,7 +139,7 @@ async def listen(
     listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
     port = listeners[0].socket.getsockname()[1]
     scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
-    listener = Listener(scheme_url, port)
+    listener = Listener(scheme_url, port, accept)
     name = container_id or f"pairlink-{uuid.uuid4()}"
     limit = default_max_connections() if max_connections is None else max_connections
     active = 0
@@ -271,7 +173,7 @@ async def listen(
                 cfg,
                 initiator=False,
                 peer=peer,
-                on_attach=on_attach,
+                on_attach=listener.on_attach,
                 max_outgoing_bytes=max_outgoing_bytes,
             ) as conn:
                 listener.connections.add(conn)
@@ -288,9 +190,7 @@ async def listen(
                             conn.log.info("connection.handshake_timeout", after=handshake_timeout)
                             conn.abort(ConnectionLostError("no handshake in time"))
                         return
-                    if handler is not None:
-                        await handler(conn)
-                    await conn.closed.wait()
+                    await listener._serve_open(conn)
                 finally:
                     listener.connections.discard(conn)
         except (trio.BrokenResourceError, ssl.SSLError, trio.TooSlowError) as exc:
@@ -298,7 +198,7 @@ async def listen(
         except Exception as exc:  # backstop: one connection's failure never ends the listener
             log.error("connection.crashed", peer=peer, exc_info=exc)
 
-    async def accept(stream: trio.SocketStream) -> None:
+    async def admit(stream: trio.SocketStream) -> None:
         nonlocal active
         host, port_, *_ = stream.socket.getpeername()
         peer = f"{host}:{port_}"
@@ -333,7 +233,7 @@ async def listen(
     log.info("listener.start", url=scheme_url)
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, accept, listeners)
+            await nursery.start(trio.serve_listeners, admit, listeners)
             try:
                 async with body:
                     yield listener

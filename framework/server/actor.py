@@ -5,7 +5,7 @@ left (or could not be delivered): queued, running, or waiting for the caller's r
 Credit is granted only from free slots, so however many callers and links there are, nothing
 buffers beyond the mailbox bound. A slow handler therefore pushes back on every caller through
 AMQP flow control itself, not through a queue that grows. How the slots are shared between
-callers (per connection, then per link), and taken back, is :mod:`framework.mailbox`'s.
+callers (per connection, then per link), and taken back, is :mod:`framework.server.mailbox`'s.
 
 Calls are decoded and checked on arrival, in the connection's reader task: anything that can be
 answered without the handler (undecodable 400, unknown operation 404, arguments that do not
@@ -15,7 +15,8 @@ tasks take them, callers in turn.
 
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
 within the window gets that answer again without running; one whose first copy is still held
-waits for it (holding its own mailbox slot) and gets the same answer (:mod:`framework.dedup`).
+waits for it (holding its own mailbox slot) and gets the same answer
+(:mod:`framework.server.dedup`).
 Such a call runs even if its caller went away while it was queued: the repeat that a retrying
 caller is about to send will want its outcome.
 """
@@ -24,16 +25,14 @@ from __future__ import annotations
 
 import functools
 import math
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 import structlog
 import trio
 
-from framework import deadline, wire
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, ProtocolError
-from framework.amqp.link import Delivery
+from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import (
     Accepted,
     Error,
@@ -42,11 +41,11 @@ from framework.amqp.messaging import (
     Rejected,
     decode_head,
 )
-from framework.dedup import DedupStore, Outcome
 from framework.errors import new_ref
-from framework.mailbox import Mailbox
-from framework.payload import Encoding, PayloadError
-from framework.wire import (
+from framework.io.links import LinkEnd
+from framework.rpc import deadline, wire
+from framework.rpc.payload import Encoding, PayloadError
+from framework.rpc.wire import (
     BAD_REQUEST,
     INTERNAL_ERROR,
     OK,
@@ -59,12 +58,35 @@ from framework.wire import (
     error_message,
     parse_request,
 )
-
-if TYPE_CHECKING:
-    from framework.container import ReplyLink, RequestLink
-    from framework.service import Hosted, Operation
+from framework.server.dedup import DedupStore, Outcome
+from framework.server.mailbox import CreditedLink, Mailbox
+from framework.server.service import Hosted, Operation
 
 log = structlog.get_logger("pairlink.service")
+
+
+class Origin(CreditedLink, Protocol):
+    """Where calls come from, as the actor sees it (:class:`framework.server.container.
+    RequestLink`): the mailbox's view, plus outcomes and reply routing (LP-8)."""
+
+    @property
+    def end(self) -> LinkEnd: ...
+    def release(self) -> None: ...
+    def set_outcome(self, delivery: Delivery, state: Any) -> None: ...
+    def route_for(self, message: Message) -> Route | None: ...
+    def why_unroutable(self, message: Message) -> tuple[str, str]: ...
+
+
+class Route(Protocol):
+    """Where replies go, as the actor sees it (:class:`framework.server.container.ReplyLink`)."""
+
+    to: str | None
+
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def link(self) -> Link: ...
+    def deliver(self, payload: bytes, origin: Origin) -> bool: ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -75,8 +97,8 @@ class Call:
     args: list[Any]
     kwargs: dict[str, Any]
     request: Request
-    route: ReplyLink
-    origin: RequestLink
+    route: Route
+    origin: Origin
     delivery: Delivery
     key: str | None = None  # its message-id, while it is the running copy of a tracked id
 
@@ -94,7 +116,7 @@ class Actor:
         self.debug_errors = spec.debug_errors
         self.bound = spec.mailbox
         self.log = log.bind(service=spec.address)
-        self.mailbox = Mailbox(spec.mailbox)
+        self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox)
         self.running = 0
         # one token per queued call: the mailbox says which call a worker takes
         self._send, self._recv = trio.open_memory_channel[None](math.inf)
@@ -128,21 +150,21 @@ class Actor:
         return self.mailbox.peak
 
     @property
-    def links(self) -> dict[RequestLink, None]:
+    def links(self) -> dict[CreditedLink, None]:
         """The attached request links."""
         return self.mailbox.links
 
     # -- credit ----------------------------------------------------------------------------
 
-    def attach_link(self, origin: RequestLink) -> None:
+    def attach_link(self, origin: Origin) -> None:
         """A new request link: its credit, if any is free, goes out at once (LP-10)."""
         self.mailbox.attach(origin)
 
-    def link_gone(self, origin: RequestLink) -> None:
+    def link_gone(self, origin: Origin) -> None:
         """The link detached or its connection ended: its unused credit is free again."""
         self.mailbox.detach(origin)
 
-    def release(self, origin: RequestLink) -> None:
+    def release(self, origin: Origin) -> None:
         """The slot of a call that came on ``origin`` is free again (its reply left, or it
         could not be delivered)."""
         self.mailbox.release(origin.ledger.caller)
@@ -151,7 +173,7 @@ class Actor:
 
     # -- arrival (the connection's reader task) --------------------------------------------
 
-    def arrive(self, origin: RequestLink, delivery: Delivery, payload: bytes) -> None:
+    def arrive(self, origin: Origin, delivery: Delivery, payload: bytes) -> None:
         """A request arrived on one of our links: answer it now, or queue it for a worker."""
         self.mailbox.arrived(origin)
         try:
@@ -163,7 +185,7 @@ class Actor:
         if route is None:
             self._refuse(origin, delivery, message, *origin.why_unroutable(message))
             return
-        now = time.time()
+        now = deadline.wall_time()
         try:
             request = parse_request(message, now=now)
         except CallError as exc:
@@ -205,7 +227,7 @@ class Actor:
                 # runs: running it here saves the mailbox hop and a task switch per call
                 self._run_sync(call)
             else:
-                self.mailbox.enqueue(call)
+                self.mailbox.enqueue(origin, call)
                 self._send.send_nowait(None)
 
     def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
@@ -225,7 +247,7 @@ class Actor:
         return not dedup.claim(key, call)
 
     def _undecodable(
-        self, origin: RequestLink, delivery: Delivery, payload: bytes, exc: ProtocolError
+        self, origin: Origin, delivery: Delivery, payload: bytes, exc: ProtocolError
     ) -> None:
         """A request that does not decode (a bad field, a body past the decode bounds): a 400
         on its reply path when its head still names one; else ``Rejected`` with the condition,
@@ -241,14 +263,14 @@ class Actor:
             self.respond(route, origin, delivery, _bare_request(head), BAD_REQUEST, why)
         elif delivery.remote_settled:
             self.log.warning("call.undecodable", condition=exc.condition, why=why)
-            origin.close(Error(exc.condition, why))
+            origin.end.detach(Error(exc.condition, why))
             self.release(origin)
         else:
             self._refuse(origin, delivery, None, exc.condition, why)
 
     def _refuse(
         self,
-        origin: RequestLink,
+        origin: Origin,
         delivery: Delivery,
         message: Message | None,
         condition: str,
@@ -275,8 +297,8 @@ class Actor:
 
     def respond(
         self,
-        route: ReplyLink,
-        origin: RequestLink,
+        route: Route,
+        origin: Origin,
         delivery: Delivery,
         request: Request,
         status: int,
@@ -310,7 +332,7 @@ class Actor:
 
     def _reply_payload(
         self,
-        route: ReplyLink,
+        route: Route,
         request: Request,
         status: int,
         description: str,
@@ -343,7 +365,7 @@ class Actor:
         return self._fit(route, request, message.encode())
 
     @staticmethod
-    def _fit(route: ReplyLink, request: Request, payload: bytes) -> bytes:
+    def _fit(route: Route, request: Request, payload: bytes) -> bytes:
         limit = route.link.remote_max_message_size
         if limit is None or len(payload) <= limit:
             return payload
@@ -377,7 +399,7 @@ class Actor:
             self.log.info("call.abandoned", operation=request.operation, call=request.message_id)
             self.release(call.origin)
             return
-        now = time.time()
+        now = deadline.wall_time()
         if request.deadline is not None and request.deadline <= now:
             why = "the deadline passed while the call was queued"
             self._answer(call, TIMEOUT, why)

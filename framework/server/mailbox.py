@@ -39,18 +39,13 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 import structlog
 import trio
 
-from framework.amqp.link import serial_diff
-
-if TYPE_CHECKING:
-    from framework.actor import Call
-    from framework.amqp.link import Link
-    from framework.container import RequestLink
+from framework.amqp.link import Link, serial_diff
 
 log = structlog.get_logger("pairlink.service")
 
@@ -68,14 +63,31 @@ class _Stage(enum.Enum):
     ANYONE = "every waiting caller, from what is left beyond the reserve"
 
 
+CallT = TypeVar("CallT")
+
+
+class CreditedLink(Protocol):
+    """A request link as the mailbox sees it (:class:`framework.server.container.RequestLink`):
+    the mailbox counts its credit and sets it."""
+
+    ledger: Ledger
+
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def link(self) -> Link: ...
+    def set_credit(self, credit: int) -> None: ...
+    def drain(self, credit: int) -> None: ...
+
+
 @attrs.define(eq=False)
-class Caller:
+class Caller(Generic[CallT]):
     """One connection's part of a mailbox."""
 
     conn: Hashable
-    links: dict[RequestLink, None] = attrs.field(factory=dict)  # its attached request links
-    hungry: dict[RequestLink, None] = attrs.field(factory=dict)  # those wanting credit, in turn
-    queue: deque[Call] = attrs.field(factory=deque)  # its calls waiting for a worker
+    links: dict[CreditedLink, None] = attrs.field(factory=dict)  # its attached request links
+    hungry: dict[CreditedLink, None] = attrs.field(factory=dict)  # those wanting credit, in turn
+    queue: deque[CallT] = attrs.field(factory=deque)  # its calls waiting for a worker
     held: int = 0  # its calls in the mailbox
     credit: int = 0  # credit its links hold, unused
 
@@ -89,30 +101,32 @@ class Caller:
 class Ledger:
     """What the mailbox counts for one request link."""
 
-    caller: Caller
+    caller: Caller[Any]
     counted: int  # the link's delivery-count when its credit was last accounted
     granted: int = 0  # credit held out on the link and not yet seen used
     draining: bool = False  # asked to send what it has or give the credit back
 
 
-class Mailbox:
-    """The slots of one service, the credit of its request links, and its queue of calls."""
+class Mailbox(Generic[CallT]):
+    """The slots of one service, the credit of its request links, and its queue of calls
+    (``CallT``: whatever the actor queues)."""
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
         self.reserve = bound // RESERVE_DIVISOR
-        self.callers: dict[Hashable, Caller] = {}  # by connection, while it has links or calls
-        self.links: dict[RequestLink, None] = {}  # every attached request link
+        # by connection, while it has links or calls
+        self.callers: dict[Hashable, Caller[CallT]] = {}
+        self.links: dict[CreditedLink, None] = {}  # every attached request link
         self.held = 0  # calls in the mailbox: queued + running + replies waiting for credit
         self.outstanding = 0  # credit granted and not yet used, over all links
         self.queued = 0
         self.peak = 0  # the most calls ever held at once
         self.closed = False  # stopping: no more credit
         self._linked = 0  # callers with links: the share is divided among them
-        self._waiting: dict[Caller, None] = {}  # callers with hungry links, in turn order
-        self._blocked: dict[RequestLink, None] = {}  # hungry links with no credit at all
-        self._credited: dict[RequestLink, None] = {}  # links holding credit
-        self._ready: dict[Caller, None] = {}  # callers with queued calls, in turn order
+        self._waiting: dict[Caller[CallT], None] = {}  # callers with hungry links, in turn order
+        self._blocked: dict[CreditedLink, None] = {}  # hungry links with no credit at all
+        self._credited: dict[CreditedLink, None] = {}  # links holding credit
+        self._ready: dict[Caller[CallT], None] = {}  # callers with queued calls, in turn order
         self._batch = max(1, bound // 4)
         self._freed = 0  # slots freed since credit was last handed out
         self._grant_soon = trio.Event()
@@ -128,7 +142,7 @@ class Mailbox:
         return max(1, (self.bound - self.reserve) // max(1, self._linked))
 
     @staticmethod
-    def part(caller: Caller, share: int) -> int:
+    def part(caller: Caller[Any], share: int) -> int:
         """What each link of ``caller`` is entitled to."""
         return max(1, share // max(1, len(caller.links)))
 
@@ -141,7 +155,7 @@ class Mailbox:
             caller = self.callers[conn] = Caller(conn)
         return Ledger(caller, link.delivery_count)
 
-    def attach(self, origin: RequestLink) -> None:
+    def attach(self, origin: CreditedLink) -> None:
         """A new request link: its credit goes out now, before any later frame of the
         connection is read, so that a pipelined first call finds it (LP-10). Stopping, it
         gets one credit if a slot is free: its call is answered 503 rather than refused."""
@@ -158,7 +172,7 @@ class Mailbox:
         self._want(origin)
         self.distribute()
 
-    def detach(self, origin: RequestLink) -> None:
+    def detach(self, origin: CreditedLink) -> None:
         """The link is gone (or going: nothing it sends now is read): its credit is free."""
         if origin not in self.links:
             return
@@ -178,7 +192,7 @@ class Mailbox:
         if self._waiting and not self.closed:
             self._grant_soon.set()  # the slots, and a larger share for the others
 
-    def arrived(self, origin: RequestLink) -> None:
+    def arrived(self, origin: CreditedLink) -> None:
         """A call came on ``origin`` (one of its credits used): it holds a slot now. (On
         every call's path: kept lean.)"""
         ledger = origin.ledger
@@ -195,7 +209,7 @@ class Mailbox:
                 ledger.draining = False  # the drain is over: all of the credit was used
             self._want(origin)
 
-    def flowed(self, origin: RequestLink) -> None:
+    def flowed(self, origin: CreditedLink) -> None:
         """The sender's flow: answering a drain, it may have given credit back."""
         if origin not in self.links:
             return
@@ -210,7 +224,7 @@ class Mailbox:
             elif self._waiting:
                 self._replenish()
 
-    def release(self, caller: Caller) -> None:
+    def release(self, caller: Caller[CallT]) -> None:
         """One of ``caller``'s calls no longer holds a slot (answered, or undeliverable)."""
         self.held -= 1
         caller.held -= 1
@@ -229,13 +243,14 @@ class Mailbox:
 
     # -- the queue of calls ----------------------------------------------------------------
 
-    def enqueue(self, call: Call) -> None:
-        caller = call.origin.ledger.caller
+    def enqueue(self, origin: CreditedLink, call: CallT) -> None:
+        """Queue ``call``, which came on ``origin``, for a worker."""
+        caller = origin.ledger.caller
         caller.queue.append(call)
         self._ready.setdefault(caller, None)
         self.queued += 1
 
-    def dequeue(self) -> Call:
+    def dequeue(self) -> CallT:
         """The next call to run: the oldest of the caller whose turn it is."""
         caller = next(iter(self._ready))
         call = caller.queue.popleft()
@@ -262,7 +277,7 @@ class Mailbox:
         if self.closed or not self._waiting:
             return
         share = self.share
-        grants: dict[RequestLink, None] = {}
+        grants: dict[CreditedLink, None] = {}
         self._hand_out(self.free, share, _Stage.NEWCOMERS, grants)
         spare = self.free - self.reserve
         for stage in (_Stage.BELOW_SHARE, _Stage.ANYONE):
@@ -274,7 +289,7 @@ class Mailbox:
             self._reclaim(share)
 
     def _hand_out(
-        self, free: int, share: int, stage: _Stage, grants: dict[RequestLink, None]
+        self, free: int, share: int, stage: _Stage, grants: dict[CreditedLink, None]
     ) -> int:
         """One round-robin pass over the waiting callers that ``stage`` admits; returns what
         is left of ``free``."""
@@ -305,7 +320,7 @@ class Mailbox:
                     ring.append(caller)
         return free
 
-    def _next_hungry(self, caller: Caller, share: int) -> RequestLink | None:
+    def _next_hungry(self, caller: Caller[CallT], share: int) -> CreditedLink | None:
         """The caller's link whose turn it is, forgetting those that no longer want credit."""
         low = self.part(caller, share) // 2
         while caller.hungry:
@@ -344,7 +359,7 @@ class Mailbox:
 
     # -- the ledger ------------------------------------------------------------------------
 
-    def _want(self, origin: RequestLink) -> None:
+    def _want(self, origin: CreditedLink) -> None:
         """``origin`` wants credit: in its caller's turn, and its caller in the mailbox's."""
         ledger = origin.ledger
         if ledger.draining or origin not in self.links:
@@ -363,14 +378,14 @@ class Mailbox:
         if self._blocked or self._freed >= self._batch or self.queued == 0:
             self._grant_soon.set()
 
-    def _give(self, origin: RequestLink, n: int) -> None:
+    def _give(self, origin: CreditedLink, n: int) -> None:
         origin.ledger.granted += n
         origin.ledger.caller.credit += n
         self.outstanding += n
         self._credited[origin] = None
         self._blocked.pop(origin, None)
 
-    def _take(self, origin: RequestLink, n: int) -> None:
+    def _take(self, origin: CreditedLink, n: int) -> None:
         """``n`` of the link's credit is used, returned, or gone with the link."""
         ledger = origin.ledger
         ledger.granted -= n
@@ -379,7 +394,7 @@ class Mailbox:
         if not ledger.granted:
             self._credited.pop(origin, None)
 
-    def _sync(self, origin: RequestLink) -> None:
+    def _sync(self, origin: CreditedLink) -> None:
         """Account for the credit the link's delivery-count says the sender has used (or given
         back, answering a drain) since last time: each unit is counted once, whether it shows
         first in a transfer or in a flow."""
@@ -391,16 +406,16 @@ class Mailbox:
                 ledger.counted = count
                 self._take(origin, min(used, ledger.granted))
 
-    def _unused(self, origin: RequestLink) -> int:
+    def _unused(self, origin: CreditedLink) -> int:
         """The credit the link holds as of its delivery-count now (a message still arriving
         has used one, though the ledger counts it only when it is whole)."""
         pending = serial_diff(origin.link.delivery_count, origin.ledger.counted)
         return max(0, origin.ledger.granted - max(0, pending))
 
-    def _flow(self, origin: RequestLink) -> None:
+    def _flow(self, origin: CreditedLink) -> None:
         origin.set_credit(self._unused(origin))
 
-    def _drain(self, origin: RequestLink) -> None:
+    def _drain(self, origin: CreditedLink) -> None:
         ledger = origin.ledger
         if ledger.draining or not origin.usable:
             return
@@ -411,12 +426,12 @@ class Mailbox:
         log.debug("credit.drain", link=origin.link.name, credit=credit, closing=self.closed)
         origin.drain(credit)
 
-    def _forget(self, caller: Caller) -> None:
+    def _forget(self, caller: Caller[CallT]) -> None:
         if self.callers.get(caller.conn) is caller:
             del self.callers[caller.conn]
 
 
-def _admits(stage: _Stage, caller: Caller, share: int) -> bool:
+def _admits(stage: _Stage, caller: Caller[Any], share: int) -> bool:
     if stage is _Stage.NEWCOMERS:
         return caller.use == 0
     if stage is _Stage.BELOW_SHARE:

@@ -28,7 +28,7 @@ from framework.amqp.messaging import (
     encode_body,
 )
 from framework.errors import RemoteError, RemoteTimeoutError
-from framework.payload import (
+from framework.rpc.payload import (
     Encoding,
     PayloadError,
     decode_value,
@@ -81,9 +81,6 @@ class Request:
     encoding: Encoding
     deadline: float | None  # wall-clock seconds since the epoch, None: no deadline
     message: Message
-
-    def remaining(self, now: float) -> float | None:
-        return None if self.deadline is None else self.deadline - now
 
 
 def request_message(

@@ -25,12 +25,12 @@ Three kinds of handler, chosen by how the function is written:
   (``trio.to_thread.run_sync``), so it may block on files, locks or C code. A thread cannot be
   interrupted: neither a deadline nor a shutdown's grace period stops it early.
 
-Each served instance is an actor (:mod:`framework.actor`): ``max_concurrency`` calls run at once
-(default 1, so handler state needs no locks) and at most ``mailbox`` calls are held: callers
+Each served instance is an actor (:mod:`framework.server.actor`): ``max_concurrency`` calls run
+at once (default 1, so handler state needs no locks) and at most ``mailbox`` calls are held: callers
 get link credit only from its free slots.
 
 What a caller learns of a failure is what the service chose to tell. A handler may raise
-``framework.wire.CallError`` to answer with a status of its own choosing; an exception of a type
+``framework.rpc.wire.CallError`` to answer with a status of its own choosing; an exception of a type
 declared with ``expose_errors`` (on ``@service`` or ``@handler``) is a 500 carrying its type and
 message. Anything else may hold what must not leave the process (a password in a connection
 string, an internal host): the caller gets a 500 saying only "internal error" and a reference
@@ -41,20 +41,13 @@ id (``RemoteError.ref``), and the server logs the traceback under that id.
 from __future__ import annotations
 
 import inspect
-import ssl
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, cast, overload
 
 import attrs
-import trio
 
-from framework.container import Server, current_server
-from framework.limits import Limits
-from framework.taskgroups import lone_errors_unwrapped
-from framework.wire import ME
+from framework.rpc.wire import ME
 
-DEFAULT_URL = "amqp://127.0.0.1:5672"
 DEFAULT_DEDUP_SIZE = 100_000
 """Replies a deduplicating service keeps at most (the oldest go first), whatever its window."""
 DEFAULT_MAILBOX = 128
@@ -263,7 +256,7 @@ def service(
     ``dedup_window``: seconds to keep the reply to each call whose message-id is a string (a
     caller's stable key, e.g. ``call_service(key=...)``); a repeat of that id within the
     window gets the kept reply and the handler does not run again. ``dedup_size``: replies
-    kept at most, the oldest dropped first, so memory stays bounded (:mod:`framework.dedup`).
+    kept at most, the oldest dropped first, so memory stays bounded (:mod:`framework.server.dedup`).
     ``expose_errors``: exception types (subclasses included) any handler raises on purpose,
     e.g. ``(KeyError, ValueError)``: the caller gets their type and message in a 500, as it
     does a ``CallError``'s. Every other exception's text may hold secrets, so the caller gets
@@ -409,86 +402,3 @@ def hosted(
                 "pass an instance to serve() instead"
             ) from exc
     return Hosted(instance, spec)
-
-
-# -- serving -----------------------------------------------------------------------------------
-
-
-@asynccontextmanager
-async def open_server(
-    *services: object,
-    listen: str = DEFAULT_URL,
-    users: dict[str, str] | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    grace: float = 10.0,
-    container_id: str | None = None,
-    call_url: str | None = None,
-    limits: Limits | None = None,
-    **options: Any,
-) -> AsyncIterator[Server]:
-    """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
-    duration of the block; ``server.url`` says where (``listen`` may use port 0).
-
-    Leaving the block, even by cancellation, shuts down gracefully: credit stops, calls
-    already held are finished and answered (for ``grace`` seconds at most; after that they
-    are cancelled and answered 503), links are detached, connections closed, then each
-    service's ``on_stop`` runs. Cancelled before the server listens, the start is given up at
-    once (a pending ``on_start`` is cancelled). ``users`` turns on SASL PLAIN; ``ssl_context``
-    serves ``amqps://``; ``call_url`` is where :func:`remote` connects (default: this server);
-    ``limits`` bounds what peers can make the server hold (:class:`framework.limits.Limits`,
-    every field documented with its default); ``options`` go to :func:`framework.net.listen`
-    (``idle_timeout``...) and override ``limits``.
-    """
-    served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
-    server = Server(
-        served,
-        url=listen,
-        users=users,
-        ssl_context=ssl_context,
-        grace=grace,
-        container_id=container_id,
-        call_url=call_url,
-        listen_options={**(limits or Limits()).listen_options(), **options},
-    )
-    with lone_errors_unwrapped():
-        async with trio.open_nursery() as nursery:
-            try:
-                # inside the try: however the start ends, a server that got going is stopped
-                # (``run`` gives up a cancelled start itself, before it shields its shutdown)
-                await nursery.start(server.run)
-                yield server
-            finally:
-                server.stop()  # the server task is shielded: the nursery waits for its shutdown
-
-
-async def serve(
-    *services: object,
-    listen: str = DEFAULT_URL,
-    users: dict[str, str] | None = None,
-    ssl_context: ssl.SSLContext | None = None,
-    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
-) -> None:
-    """Serve until cancelled, then shut down gracefully (see :func:`open_server`, which takes
-    the same arguments). ``await nursery.start(serve, ...)`` returns the running server."""
-    async with open_server(
-        *services, listen=listen, users=users, ssl_context=ssl_context, **options
-    ) as server:
-        task_status.started(server)
-        await trio.sleep_forever()
-
-
-async def remote(address: str) -> Any:
-    """A proxy for the service at ``address``, for a handler (or ``on_start``/``on_stop``)
-    calling another service: ``calc = await remote("calc"); await calc.add(1, 2)``.
-
-    Calls go over one client connection the server keeps (to itself unless ``call_url`` says
-    otherwise) and inherit what is left of the calling request's deadline. Before the server
-    listens and once it stops (``on_start``, ``on_stop``) only services elsewhere can be
-    reached, through ``call_url``. A service that calls *itself* with ``max_concurrency=1``
-    waits for its own free slot: a deadlock that only the deadline ends.
-    """
-    server = current_server.get(None)
-    if server is None:
-        raise RuntimeError("remote() works inside a served handler, on_start or on_stop")
-    return await server.remote(address)

@@ -46,7 +46,7 @@ def pump(
             for i in range(0, len(data), step):
                 sink.extend(dst.receive_data(data[i : i + step]))
                 while dst.input_paused:
-                    sink.extend(dst.receive_data(b""))
+                    sink.extend(dst.resume_input())
         if not moved:
             return events_a, events_b
     raise AssertionError("engines kept talking: a livelock")

@@ -1,0 +1,386 @@
+"""The client: calls to services over paired links, pipelined, correlated, with deadlines.
+
+``connect(url)`` opens one connection that any number of tasks share. The only round trip
+before the first call is the peer's ``open`` (with its answer to the session we begin in the
+same write): it says whether the peer offers ``LINK_PAIR_V1_0`` (LP-2). If it does, the first
+call on an address sends attach (sender), attach (receiver), flow (reply credit) and the
+request in one burst (LP-10); every later call on that address reuses the pair. If it does
+not, the client falls back to the classic pattern (a sender plus a receiver with a dynamic
+source, ``reply-to`` = the address the peer created), which costs one more round trip per
+address.
+
+Replies are matched to calls by ``correlation-id`` = the request's ``message-id`` (a counter,
+or a string the caller chose: a stable key that a deduplicating service recognises when the
+call is sent again), so many calls share one pair and may complete in any order. Every failure
+ends the calls it concerns at once: a detached or refused pair fails its calls with
+``LinkDetachedError``, a lost connection fails every call in flight with
+``ConnectionLostError``; a timeout raises ``TimeoutError`` and the reply, if it comes later,
+is dropped.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+import trio
+
+from framework.amqp import errors as conditions
+from framework.client.pairs import CallConnection, CallPair
+from framework.client.timeouts import Timeouts
+from framework.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    LinkDetachedError,
+    PairlinkError,
+)
+from framework.io import net
+from framework.io.backoff import jittered_backoff
+from framework.io.connection import AmqpConnection
+from framework.io.taskgroups import body_errors_unwrapped
+from framework.rpc import deadline
+from framework.rpc.linkpair import (
+    LINK_PAIR_V1_0,
+    offers_pairing,
+)
+from framework.rpc.payload import Encoding
+
+log = structlog.get_logger("pairlink.client")
+
+
+class Client:
+    """A connection to a service container, shared by any number of tasks. Get one from
+    ``connect()``; call through ``service(address)`` proxies or ``call()``."""
+
+    def __init__(
+        self,
+        url: str,
+        nursery: trio.Nursery,
+        *,
+        timeout: float | None,
+        settled: bool,
+        reconnect: bool,
+        encoding: Encoding,
+        reply_credit: int,
+        connect_timeout: float,
+        retry_delay: float,
+        max_retry_delay: float,
+        ssl_context: ssl.SSLContext | None,
+        config: dict[str, Any],
+    ) -> None:
+        if reply_credit < 2:
+            raise ValueError("reply_credit must be at least 2 (it is replenished by halves)")
+        self.url = url
+        self.timeout = timeout
+        self.settled = settled
+        self.reconnect = reconnect
+        self.encoding = encoding
+        self.reply_credit = reply_credit
+        self.connect_timeout = connect_timeout
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.late_replies = 0
+        """Replies that came after their caller gave up (timeout, cancellation): dropped."""
+        self._ssl_context = ssl_context
+        desired = [LINK_PAIR_V1_0, *config.pop("desired_capabilities", ())]
+        self._config = {**config, "desired_capabilities": desired}
+        self._nursery = nursery
+        self._ids = itertools.count(1)
+        self.timeouts = Timeouts()
+        nursery.start_soon(self.timeouts.run)
+        self._conn: CallConnection | None = None
+        self._reconnect_lock = trio.Lock()
+        self._failures = 0
+        self._next_attempt = -math.inf
+        self._closed = False
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    @property
+    def paired(self) -> bool | None:
+        """Whether the current connection's peer offers link pairing (LP-2); None before the
+        first connection."""
+        return None if self._conn is None else self._conn.paired
+
+    def in_flight(self, address: str | None = None) -> int:
+        """Calls sent on the current connection (to ``address``, or to any) and not answered."""
+        conn = self._conn
+        if conn is None:
+            return 0
+        pairs = conn.pairs.values() if address is None else [conn.pairs.get(address)]
+        return sum(len(pair.calls) for pair in pairs if pair is not None)
+
+    async def wait_connection_lost(self) -> None:
+        """Wait until the current connection has gone (at once if there is none): its calls
+        in flight fail with it, and the next call reconnects, if ``reconnect`` allows."""
+        if self._conn is not None:
+            await self._conn.amqp.closed.wait()
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _open(self) -> CallConnection:
+        """A new connection, once the peer's open has come (it says whether we may pair)."""
+        with trio.move_on_after(self.connect_timeout) as scope:
+            amqp: AmqpConnection = await self._nursery.start(self._hold)
+        if scope.cancelled_caught:
+            raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout} s")
+        paired = offers_pairing(amqp.remote_offered_capabilities)
+        conn_log = log.bind(conn=amqp.id, peer=amqp.peer)
+        conn_log.info("client.connected", paired=paired)
+        self._conn = CallConnection(self, amqp, paired, conn_log)
+        return self._conn
+
+    async def _hold(
+        self, *, task_status: trio.TaskStatus[AmqpConnection] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep one connection open, in the client's nursery, until it closes or fails."""
+        started = False
+        try:
+            async with net.connect(
+                self.url,
+                ssl_context=self._ssl_context,
+                connect_timeout=self.connect_timeout,
+                **self._config,
+            ) as amqp:
+                session = amqp.session  # begun now: it leaves in the same write as our open
+                await amqp.wait_opened()
+                await amqp.wait_begun(session)
+                task_status.started(amqp)
+                started = True
+                await amqp.closed.wait()
+                if amqp.error is not None:
+                    log.info("client.connection_lost", conn=amqp.id, error=str(amqp.error))
+        except (*net.CONNECT_FAILURES, PairlinkError):
+            if not started:
+                raise  # to the caller of _open
+            # after start the loss is reported to the calls through their links
+
+    async def _live(self) -> CallConnection:
+        """The connection to call on: the current one, else (``reconnect``) a new one."""
+        conn = self._conn
+        if conn is not None and conn.alive:
+            return conn
+        if self._closed:
+            raise ConnectionLostError("the client is closed")
+        if not self.reconnect:
+            assert conn is not None
+            raise conn.amqp.error or ConnectionLostError("the connection is closed")
+        async with self._reconnect_lock:  # one task reconnects; the others then use its work
+            while self._conn is None or not self._conn.alive:
+                await trio.sleep_until(self._next_attempt)
+                try:
+                    conn = await self._open()
+                except AuthenticationError:
+                    raise
+                except (*net.CONNECT_FAILURES, TimeoutError) as exc:
+                    self._failures += 1
+                    delay = jittered_backoff(self._failures, self.retry_delay, self.max_retry_delay)
+                    self._next_attempt = trio.current_time() + delay
+                    log.warning(
+                        "client.reconnect_failed",
+                        url=self.url,
+                        attempt=self._failures,
+                        retry_in=round(delay, 3),
+                        error=repr(exc),
+                    )
+                    continue
+                self._failures = 0
+                return conn
+            return self._conn
+
+    async def _pair(self, address: str) -> CallPair:
+        conn = self._conn
+        if conn is None or not conn.alive:
+            conn = await self._live()
+        pair = conn.pairs.get(address)
+        if pair is None:
+            pair = conn.pairs[address] = CallPair(conn, address, paired=conn.paired)
+            pair.attach(self.settled, self.reply_credit)
+            if conn.paired:
+                self._nursery.start_soon(pair.watch)
+                return pair
+            await pair.wait_dynamic_address()
+        elif not pair.ready.is_set():
+            await pair.ready.wait()
+        if pair.error is not None:
+            raise pair.error
+        return pair
+
+    # -- calls -----------------------------------------------------------------------------
+
+    async def call(
+        self,
+        address: str,
+        operation: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
+        encoding: Encoding | None = None,
+        message_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Call ``operation`` of the service at ``address``; returns its reply's value.
+
+        ``timeout`` (default: the connection's; ``math.inf`` for none) is cut to what is left
+        of the deadline of the call this task is serving, if any, and travels with the request.
+        ``message_id``: the request's id, chosen by the caller (default: a counter). A string
+        that stays the same when a call is repeated lets a service with ``dedup_window``
+        answer the repeat from its stored reply; ``ValueError`` if a call with that id is
+        still in flight to ``address`` on this connection.
+        Raises ``RemoteError`` when the service answers with a failure, ``TimeoutError``,
+        ``ConnectionLostError``, or ``LinkDetachedError`` when the peer refused the link.
+        """
+        limit = deadline.effective_timeout(self.timeout if timeout is None else timeout)
+        if limit is not None and limit <= 0:
+            raise TimeoutError(f"{address}.{operation}: the deadline has passed already")
+        deadline_at = math.inf if limit is None else trio.current_time() + limit
+        conn = self._conn
+        pair = conn.pairs.get(address) if conn is not None and conn.alive else None
+        if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
+            pair = await self._pair_by(address, operation, deadline_at)
+        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        try:
+            return await pair.call(*call, message_id)
+        except LinkDetachedError as exc:
+            if pair.granted or exc.condition != conditions.TRANSFER_LIMIT_EXCEEDED:
+                raise
+        # LP-10: the service had no room for the pipelined first call and detached the pair
+        # before granting it any credit, so none of its calls reached the service: send this
+        # one again on a pair that waits for credit
+        log.debug("call.no_room", address=address, operation=operation)
+        pair = await self._pair_by(address, operation, deadline_at)
+        if not pair.granted:
+            pair.fresh = False
+        return await pair.call(*call, message_id)
+
+    async def _pair_by(self, address: str, operation: str, deadline_at: float) -> CallPair:
+        """The pair for ``address``, set up (or reconnected) by ``deadline_at``."""
+        pair = None
+        with trio.move_on_at(deadline_at):
+            pair = await self._pair(address)
+        if pair is None:
+            raise TimeoutError(f"{address}.{operation}: no connection within the deadline")
+        return pair
+
+    async def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
+        """A proxy for the service at ``address``. On a peer that offers pairing nothing is
+        sent yet: the pair is attached together with the first call (LP-10). Otherwise the
+        classic links are set up now (one round trip for the dynamic reply address), within
+        the connection's timeout."""
+        with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
+            conn = await self._live()
+            if not conn.paired:
+                await self._pair(address)
+        if scope.cancelled_caught:
+            raise TimeoutError(f"{address}: not ready within {self.timeout} s")
+        return ServiceProxy(self, address, encoding or self.encoding)
+
+    async def aclose(self) -> None:
+        """Close the connection politely; calls still in flight fail with
+        ``ConnectionLostError``."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._conn is not None and self._conn.alive:
+            await self._conn.amqp.close()
+
+
+class ServiceProxy:
+    """Calls to one service: ``await proxy.call("add", 1, 2)`` or ``await proxy.add(1, 2)``.
+
+    The keywords ``timeout`` and ``message_id`` belong to the call itself (and ``encoding`` to
+    ``Client.call``): an operation's own parameters of those names can only be passed by
+    position.
+    """
+
+    def __init__(self, client: Client, address: str, encoding: Encoding) -> None:
+        self.client = client
+        self.address = address
+        self.encoding = encoding
+
+    async def call(
+        self,
+        operation: str,
+        /,
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
+        message_id: str | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return await self.client.call(
+            self.address,
+            operation,
+            *args,
+            timeout=timeout,
+            encoding=self.encoding,
+            message_id=message_id,
+            **kwargs,
+        )
+
+    def __getattr__(self, operation: str) -> Callable[..., Awaitable[Any]]:
+        if operation.startswith("_"):
+            raise AttributeError(operation)
+        return functools.partial(self.call, operation)
+
+    def __repr__(self) -> str:
+        return f"<ServiceProxy {self.address!r} on {self.client.url}>"
+
+
+@asynccontextmanager
+async def connect(
+    url: str,
+    *,
+    timeout: float | None = 30.0,  # noqa: ASYNC109 - the default deadline of each call
+    settled: bool = True,
+    reconnect: bool = False,
+    encoding: Encoding = Encoding.ENVELOPE,
+    reply_credit: int = 1000,
+    connect_timeout: float = 30.0,
+    retry_delay: float = 0.1,
+    max_retry_delay: float = 5.0,
+    ssl_context: ssl.SSLContext | None = None,
+    **config: Any,
+) -> AsyncIterator[Client]:
+    """Connect to the container at ``amqp[s]://[user:password@]host[:port]``.
+
+    ``timeout``: default per-call timeout in seconds (None: none). ``settled``: requests go
+    pre-settled (the reply is the acknowledgement); False sends them unsettled and checks the
+    service's disposition. ``reconnect``: once the connection is lost, new calls reconnect
+    with jittered exponential backoff from ``retry_delay`` up to ``max_retry_delay`` seconds
+    (calls in flight at the loss fail: a request may have been executed, only the caller can
+    know whether repeating it is safe). ``reply_credit``: replies the service may send before
+    we grant more. ``config``: engine settings (``container_id``, ``idle_timeout``, ``sasl``).
+    Raises at once if the first connection fails.
+    """
+    with body_errors_unwrapped() as body:
+        async with trio.open_nursery() as nursery:
+            client = Client(
+                url,
+                nursery,
+                timeout=timeout,
+                settled=settled,
+                reconnect=reconnect,
+                encoding=encoding,
+                reply_credit=reply_credit,
+                connect_timeout=connect_timeout,
+                retry_delay=retry_delay,
+                max_retry_delay=max_retry_delay,
+                ssl_context=ssl_context,
+                config=config,
+            )
+            try:
+                async with body:
+                    await client._open()
+                    yield client
+            finally:
+                try:
+                    await client.aclose()
+                finally:
+                    nursery.cancel_scope.cancel()
