@@ -6,6 +6,11 @@
 # packages libsasl2-dev (headers, for the build) and sasl2-bin (saslpasswd2, to create the
 # test user database) are present before the install, and `proton-sasl` rebuilds a Proton
 # that was compiled without them (pip's wheel cache would otherwise keep serving that one).
+#
+# The second interop peer is rhea (Node.js): `nodedeps` makes sure Node.js and npm are present
+# (the Debian packages nodejs and npm), and rhea, pinned by tests/interop/rhea/package-lock.json,
+# is installed into tests/interop/rhea/node_modules with `npm ci`, again whenever the lock file
+# changes (stamp file). Where npm is missing the tests that need rhea fail and say why.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -15,12 +20,15 @@ STAMP  := $(VENV)/.installed
 FUZZ_STAMP   := $(VENV)/.fuzz-installed
 FUZZ_SECONDS ?= 600
 SASL_DEBS := libsasl2-dev sasl2-bin
+NODE_DEBS := nodejs npm
+RHEA_DIR   := tests/interop/rhea
+RHEA_STAMP := $(RHEA_DIR)/node_modules/.installed
 
-.PHONY: test lint typecheck pytest demo bench fuzz clean sysdeps proton-sasl venv
+.PHONY: test lint typecheck pytest demo bench fuzz clean sysdeps nodedeps proton-sasl venv
 
 test: lint typecheck pytest
 
-venv: $(STAMP) proton-sasl
+venv: $(STAMP) proton-sasl $(RHEA_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +50,29 @@ sysdeps:
 	else \
 		echo "WARNING: $(SASL_DEBS) missing and not installable here:" \
 		     "interop tests that need a Proton SASL PLAIN server will be skipped"; \
+	fi
+
+nodedeps:
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(NODE_DEBS) (rhea, the Node.js AMQP 1.0 peer of the interop tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(NODE_DEBS) >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		echo "installing $(NODE_DEBS) with sudo"; \
+		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(NODE_DEBS) >/dev/null; \
+	else \
+		echo "WARNING: Node.js or npm missing and not installable here:" \
+		     "the rhea interop tests (tests/interop/test_rhea.py) will fail"; \
+	fi
+
+$(RHEA_STAMP): $(RHEA_DIR)/package.json $(RHEA_DIR)/package-lock.json | nodedeps
+	@if command -v npm >/dev/null 2>&1; then \
+		echo "installing rhea into $(RHEA_DIR) (npm ci)"; \
+		(cd $(RHEA_DIR) && npm ci --no-audit --no-fund --loglevel=error) && touch $@; \
+	else \
+		echo "WARNING: no npm: rhea not installed, tests/interop/test_rhea.py will fail"; \
 	fi
 
 proton-sasl: $(STAMP)
@@ -85,5 +116,5 @@ $(FUZZ_STAMP): $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis \
-		.import_linter_cache
+		.import_linter_cache $(RHEA_DIR)/node_modules
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -11,7 +11,7 @@ under it (the contracts in pyproject.toml, checked by ``make lint``):
 * ``framework.spark`` (imported by nothing else: it loads pyspark) and ``framework.cli``.
 """
 
-from framework.client import Client, ServiceProxy, connect
+from framework.client import Client, Reply, ServiceProxy, connect
 from framework.errors import (
     AuthenticationError,
     ConnectionLostError,
@@ -32,6 +32,7 @@ __all__ = [
     "MessageTooLargeError",
     "PairlinkError",
     "RemoteError",
+    "Reply",
     "ServiceProxy",
     "connect",
     "handler",

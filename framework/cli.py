@@ -20,17 +20,30 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
+import attrs
 import structlog
 import trio
 
+from framework.client.reply import Reply
 from framework.errors import PairlinkError, RemoteError
+from framework.rpc import wire
+from framework.rpc.deadline import wall_time
+from framework.rpc.payload import Encoding
 
 log = structlog.get_logger("pairlink.cli")
 
 EXIT_FAILED = 1
 """The call failed (an error reply, a timeout, no connection) or the server could not start."""
+
+ENCODINGS = {
+    "envelope": Encoding.ENVELOPE,
+    "msgpack": Encoding.MSGPACK,
+    "json": Encoding.JSON,
+    "raw": Encoding.RAW,
+    "amqp-value": Encoding.AMQP_VALUE,
+}
 
 
 def _version() -> str:
@@ -48,6 +61,16 @@ def _json_argument(text: str) -> Any:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not JSON (a string needs its quotes: '\"hi\"')"
         ) from None
+
+
+def _property(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +98,35 @@ def build_parser() -> argparse.ArgumentParser:
         "args", metavar="JSON_ARGS", nargs="*", type=_json_argument, help="positional arguments"
     )
     call.add_argument("--timeout", type=float, default=30.0, metavar="S", help="default 30")
+    call.add_argument(
+        "--encoding",
+        choices=list(ENCODINGS),
+        help="the request body (default: the envelope for a pairlink peer, else amqp-value); "
+        "raw sends one JSON string argument as its UTF-8 bytes",
+    )
+    call.add_argument("--subject", help="the request's subject")
+    call.add_argument(
+        "--property",
+        dest="properties",
+        action="append",
+        default=[],
+        type=_property,
+        metavar="KEY=VALUE",
+        help="an application-property of the request (repeatable); VALUE is read as JSON "
+        "when it parses, else as a string",
+    )
+    call.add_argument(
+        "--unsettled",
+        action="store_true",
+        help="send the request unsettled: the service's outcome is checked (and shown by -v)",
+    )
+    call.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print the reply's properties, application-properties and the request's "
+        "outcome (one JSON line each) before the value",
+    )
 
     serve = commands.add_parser(
         "serve",
@@ -141,20 +193,61 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _call(options: argparse.Namespace) -> int:
     from framework.client.client import connect
 
-    async def run() -> Any:
-        async with connect(options.url, timeout=options.timeout) as client:
-            return await client.call(options.address, options.operation, *options.args)
+    async def run() -> Reply:
+        settled = not options.unsettled
+        async with connect(options.url, timeout=options.timeout, settled=settled) as client:
+            encoding = ENCODINGS[options.encoding] if options.encoding else client.call_encoding
+            assert encoding is not None  # connected
+            args = options.args
+            if encoding is Encoding.RAW:  # JSON has no bytes: a string stands for its UTF-8
+                args = [a.encode() if isinstance(a, str) else a for a in args]
+            message = wire.request_message(
+                options.operation, args, {}, message_id=None, now=wall_time(), encoding=encoding
+            )
+            return await client.request(
+                options.address,
+                message,
+                subject=options.subject,
+                application_properties=dict(options.properties) or None,
+            )
 
     try:
-        result = trio.run(run)
+        reply = trio.run(run)
+        if options.verbose:
+            _print_reply_head(reply)
+        wire.raise_for_outcome(reply.outcome)
+        assert reply.message is not None  # accepted (or pre-settled), so it was answered
+        result = wire.parse_reply(reply.message)
     except RemoteError as exc:
         print(f"pairlink call: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except (PairlinkError, TimeoutError, OSError, ValueError) as exc:
         print(f"pairlink call: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    print(json.dumps(result, default=_jsonable, ensure_ascii=False))
+    print(_json(result))
     return 0
+
+
+def _print_reply_head(reply: Reply) -> None:
+    """``-v``: what came with the value, a JSON line each, under AMQP's names."""
+    if reply.message is not None:  # (none for a request the service did not accept)
+        print("properties:", _json(_fields(reply.properties)))
+        print("application-properties:", _json(reply.application_properties))
+    if reply.outcome is not None:
+        name = type(reply.outcome).__name__.lower()
+        print("outcome:", _json({name: _fields(reply.outcome)}))
+
+
+def _fields(value: Any) -> dict[str, Any]:
+    """The fields of an AMQP composite (properties, an outcome) that are set."""
+    if value is None:
+        return {}
+    fields = attrs.asdict(cast(attrs.AttrsInstance, value), filter=lambda _f, v: v is not None)
+    return {name.replace("_", "-"): v for name, v in fields.items()}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=_jsonable, ensure_ascii=False)
 
 
 def _jsonable(value: Any) -> Any:

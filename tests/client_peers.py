@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
-import msgpack
 import trio
 from proton import Message as ProtonMessage
 
@@ -262,13 +261,14 @@ async def raw_server(**options: Any) -> AsyncIterator[RawServer]:
 
 
 def proton_arithmetic(request: ProtonMessage) -> ProtonMessage | None:
-    """A ``ProtonServer`` responder speaking our wire conventions: it unpacks the client's
-    msgpack envelope, answers ``add``/``mul``/``echo`` with an amqp-value body, ``hang``
-    never, and anything else with a 404."""
+    """A ``ProtonServer`` responder speaking our wire conventions: it reads the arguments from
+    the amqp-value body our client sends a peer that is not pairlink (a list: the positional
+    arguments, anything else: the one argument), answers ``add``/``mul``/``echo`` with an
+    amqp-value body, ``hang`` never, and anything else with a 404."""
     body = request.body
     properties: dict[str, Any] = dict(request.properties or {})  # Proton types it loosely
-    assert isinstance(body, bytes | memoryview)
-    args, _kwargs = msgpack.unpackb(bytes(body))
+    assert not isinstance(body, bytes | memoryview)  # no envelope: this peer does not offer it
+    args: list[Any] = body if isinstance(body, list) else [body]
     operation = properties["operation"]
     if operation == "hang":
         return None

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from proton import Message as ProtonMessage
 
 from framework.client import blocking
 from framework.errors import ConnectionLostError, RemoteError
@@ -50,6 +51,40 @@ def test_blocking_errors_are_raised_in_the_calling_thread() -> None:
     with pytest.raises(ConnectionLostError):
         client.call("calc", "add", 1)  # closed
     client.close()  # idempotent
+
+
+def test_blocking_request_returns_the_whole_reply() -> None:
+    def answer(request: ProtonMessage) -> ProtonMessage:
+        return ProtonMessage(
+            body={"got": request.body},
+            subject="201",
+            correlation_id=request.correlation_id,  # the caller's own, as Proton examples do
+            properties={"seen-subject": request.subject, **(request.properties or {})},
+        )
+
+    with (
+        ProtonServer(offered_capabilities=["LINK_PAIR_V1_0"], responder=answer) as px,
+        blocking.connect(px.url(), timeout=5) as client,
+    ):
+        reply = client.request(
+            "mgmt",
+            b"\x00ab",
+            body_kind="data",
+            subject="PUT",
+            to="/things/1",
+            application_properties={"k": "v"},
+            message_id="m-1",
+            correlation_id="c-1",
+            content_type="application/octet-stream",
+        )
+        with ThreadPoolExecutor(4) as pool:
+            bodies = list(pool.map(lambda i: client.request("mgmt", i).body, range(20)))
+    assert reply.status == 201 and reply.subject == "201" and reply.outcome is None
+    assert reply.body == {"got": b"\x00ab"}
+    assert reply.application_properties == {"seen-subject": "PUT", "k": "v"}
+    assert bodies == [{"got": i} for i in range(20)]
+    request = px.received[0].message
+    assert (request.id, request.correlation_id, request.address) == ("m-1", "c-1", "/things/1")
 
 
 def test_blocking_connect_fails_at_once() -> None:

@@ -13,12 +13,14 @@ import threading
 import time
 from collections.abc import Iterator
 
+import msgpack
 import pytest
 import structlog
+from proton import Message as ProtonMessage
 
 from framework.cli import main
 from tests.client_peers import proton_arithmetic
-from tests.interop.proton_peers import ProtonServer
+from tests.interop.proton_peers import Disposition, ProtonServer
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +88,118 @@ def test_python_dash_m_framework_call(server: ProtonServer) -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, '"hi"\n', "")
+
+
+# -- call: the request's message and the reply's head -----------------------------------------
+
+
+def what_came(request: ProtonMessage) -> ProtonMessage | None:
+    """Answer with what arrived: subject, application-properties, content-type and body (a
+    data body in hex), under a status 200 and a subject of its own; nothing to a request
+    whose subject is "no" (``echo_server`` rejects those)."""
+    if request.subject == "no":
+        return None
+    body = request.body
+    if isinstance(body, memoryview | bytes):
+        body = bytes(body).hex()
+    content_type = request.content_type
+    came = {
+        "subject": request.subject,
+        "properties": dict(request.properties or {}),
+        "content-type": None if content_type == "None" else content_type,  # Proton's none
+        "body": body,
+    }
+    return ProtonMessage(
+        body=came, subject="echoed", properties={"status-code": 200, "x-extra": "e"}
+    )
+
+
+@pytest.fixture
+def echo_server() -> Iterator[ProtonServer]:
+    def refuse_no(message: ProtonMessage) -> Disposition:
+        return "reject" if message.subject == "no" else "accept"
+
+    with ProtonServer(
+        offered_capabilities=["LINK_PAIR_V1_0"], responder=what_came, disposition=refuse_no
+    ) as px:
+        yield px
+
+
+def call_out(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    assert main(["call", *argv]) == 0, capsys.readouterr().err
+    return capsys.readouterr().out.splitlines()
+
+
+def test_call_subject_and_properties(
+    echo_server: ProtonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = echo_server.url()
+    properties = ["tenant=t1", "n=7", "flag=true", "list=[1, 2]", "text=not json", "eq=a=b"]
+    options = [f"--property={p}" for p in properties]
+    (line,) = call_out(capsys, url, "svc", "op", '"hi"', "--subject", "GET", *options)
+    came = json.loads(line)
+    assert came["subject"] == "GET"
+    assert came["properties"] == {
+        "operation": "op",
+        "tenant": "t1",
+        "n": 7,
+        "flag": True,
+        "list": [1, 2],
+        "text": "not json",
+        "eq": "a=b",
+    }
+
+
+@pytest.mark.parametrize(
+    ("encoding", "content_type", "body"),
+    [
+        ("amqp-value", None, "hi"),
+        ("json", "application/json", b'"hi"'.hex()),
+        ("msgpack", "application/msgpack", msgpack.packb("hi").hex()),
+        ("envelope", "application/x-pairlink-call+msgpack", msgpack.packb([["hi"], {}]).hex()),
+        ("raw", "application/octet-stream", b"hi".hex()),
+    ],
+)
+def test_call_encoding(
+    echo_server: ProtonServer,
+    capsys: pytest.CaptureFixture[str],
+    encoding: str,
+    content_type: str | None,
+    body: str,
+) -> None:
+    (line,) = call_out(capsys, echo_server.url(), "svc", "op", '"hi"', "--encoding", encoding)
+    came = json.loads(line)
+    assert (came["content-type"], came["body"]) == (content_type, body)
+
+
+def test_call_verbose_prints_the_reply_head_first(
+    echo_server: ProtonServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = echo_server.url()
+    head, app, value = call_out(capsys, url, "svc", "op", "-v")
+    assert head.startswith("properties: ") and app.startswith("application-properties: ")
+    properties = json.loads(head.removeprefix("properties: "))
+    assert properties["subject"] == "echoed" and properties["to"] == "$me"
+    assert isinstance(properties["correlation-id"], int)  # our request's message-id
+    assert json.loads(app.removeprefix("application-properties: ")) == {
+        "status-code": 200,
+        "x-extra": "e",
+    }
+    assert json.loads(value)["properties"] == {"operation": "op"}
+
+    lines = call_out(capsys, url, "svc", "op", "--unsettled", "--verbose")
+    assert lines[2] == 'outcome: {"accepted": {}}' and len(lines) == 4
+    assert main(["call", url, "svc", "op", "--unsettled", "-v", "--subject", "no"]) == 1
+    out, err = capsys.readouterr()
+    assert out == 'outcome: {"rejected": {}}\n'  # no reply: only the outcome
+    assert "request rejected" in err
+
+
+def test_call_property_must_be_key_equals_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["call", "amqp://127.0.0.1:1", "svc", "op", "--property", "novalue"])
+    assert exc.value.code == 2
+    assert "is not KEY=VALUE" in capsys.readouterr().err
 
 
 # -- serve -----------------------------------------------------------------------------------

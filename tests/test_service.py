@@ -361,10 +361,18 @@ async def test_a_presettled_request_with_no_reply_path_detaches_its_link(raw: Ra
 
 
 @pytest.mark.parametrize(
-    ("mode", "settled"), [(SND_UNSETTLED, False), (SND_SETTLED, True), (SND_MIXED, True)]
+    ("mode", "request_settled", "settled"),
+    [
+        (SND_UNSETTLED, True, False),
+        (SND_UNSETTLED, False, False),
+        (SND_SETTLED, True, True),
+        (SND_SETTLED, False, True),
+        (SND_MIXED, True, True),  # mixed: the reply mirrors its request
+        (SND_MIXED, False, False),
+    ],
 )
 async def test_reply_settlement_follows_the_callers_receiving_link(
-    raw: RawClient, mode: int, settled: bool
+    raw: RawClient, mode: int, request_settled: bool, settled: bool
 ) -> None:
     sender = raw.attach("n", ROLE_SENDER, source="me", target="svc", properties=paired_properties())
     receiver = raw.attach(
@@ -376,7 +384,7 @@ async def test_reply_settlement_follows_the_callers_receiving_link(
         snd_settle_mode=mode,
     )
     raw.engine.flow(receiver, 10)
-    mid, _ = raw.request(sender, "add", 1, 1)
+    mid, _ = raw.request(sender, "add", 1, 1, settled=request_settled)
     await raw.wait_reply(mid)
     (transfer,) = raw.of(Transfer)
     assert bool(transfer.settled) is settled

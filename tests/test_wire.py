@@ -238,6 +238,6 @@ def test_the_fast_paths_refuse_what_the_messages_refuse() -> None:
     with pytest.raises(PayloadError):
         encode_reply(raw, "not bytes", to=ME)
     with pytest.raises(PayloadError):
-        encode_request("op", (b"x",), {}, message_id=1, now=NOW, encoding=Encoding.RAW)
+        encode_request("op", ("text",), {}, message_id=1, now=NOW, encoding=Encoding.RAW)
     with pytest.raises(PayloadError):
         encode_request("op", (1,), {"a": 2}, message_id=1, now=NOW, encoding=Encoding.JSON)

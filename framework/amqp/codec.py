@@ -317,7 +317,9 @@ def _bad_compound(buf: Any, off: int, end: int, count: int) -> DecodeError:
     return DecodeError(f"nesting deeper than {MAX_DEPTH}")
 
 
-def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[Any], int]:
+def _items(
+    buf: Any, off: int, end: int, count: int, depth: int, dec: list[Decoder]
+) -> tuple[list[Any], int]:
     # Size within the data, count within the size (every item takes a byte), depth capped.
     if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
         raise _bad_compound(buf, off, end, count)
@@ -327,7 +329,6 @@ def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[A
         raise _over_budget()
     cell[0] = left
     depth += 1
-    dec = DECODERS
     items: list[Any] = []
     append = items.append
     for _ in range(count):
@@ -338,13 +339,32 @@ def _items(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[list[A
     return items, off
 
 
+def _d_list0(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    return [], off
+
+
 def _d_list8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
-    return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
+    return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth, DECODERS)
 
 
 def _d_list32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     size, count = _U_II(buf, off)
-    return _items(buf, off + 8, off + 4 + size, count, depth)
+    return _items(buf, off + 8, off + 4 + size, count, depth, DECODERS)
+
+
+def list_decoders(items: list[Decoder]) -> dict[int, Decoder]:
+    """Payload decoders (by constructor) of a list whose items ``items`` decodes, a table of
+    256 by constructor as ``DECODERS`` is: a list of one type, each item checked as it is
+    read, with the same bounds as any list."""
+
+    def d8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth, items)
+
+    def d32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        size, count = _U_II(buf, off)
+        return _items(buf, off + 8, off + 4 + size, count, depth, items)
+
+    return {0x45: _d_list0, 0xC0: d8, 0xD0: d32}
 
 
 def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
@@ -498,7 +518,7 @@ def invalid_constructor(code: int, what: str = "AMQP value") -> Decoder:
 # Plain decoders per AMQP type name (codes accepted for that type -> payload decoder).
 PLAIN_DECODERS: dict[str, dict[int, Decoder]] = {
     **PLAIN_SCALARS,
-    "list": {0x45: lambda buf, off, depth: ([], off), 0xC0: _d_list8, 0xD0: _d_list32},
+    "list": {0x45: _d_list0, 0xC0: _d_list8, 0xD0: _d_list32},
     "map": {0xC1: _d_map8, 0xD1: _d_map32},
     "array": {0xE0: _d_array8, 0xF0: _d_array32},
 }

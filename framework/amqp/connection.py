@@ -89,7 +89,9 @@ class Connection:
 
     @property
     def sasl_identity(self) -> str | None:
-        """Who the peer authenticated as (server side, after a successful SASL exchange)."""
+        """Who the peer is (server side): the identity its SASL exchange established, or
+        ``sasl.ANONYMOUS_IDENTITY`` if it skipped SASL; None until then, or with no SASL
+        server configured."""
         return self._handshake.identity
 
     @property

@@ -38,6 +38,7 @@ from framework.amqp.codec import (
     encode_list,
     encode_map,
     invalid_constructor,
+    list_decoders,
     register_class,
     resolve_encoder,
     skip_values,
@@ -200,9 +201,11 @@ def _listed(dec: Decoder) -> Decoder:
 
 
 def _multiple_table(t: str) -> list[Decoder]:
-    """A ``multiple`` field: null, one value (yielded as a one-item list) or an array of them;
-    for symbols (the only multiple fields the spec has) a list of them too, which some peers
-    send and the spec's "liberal in what you accept" lets us read."""
+    """A ``multiple`` field: null, one value (yielded as a one-item list), an array of them,
+    or a list of them, which some peers send (Qpid Proton 0.37 for capabilities given as a
+    Python list) and which we read, liberal in what we accept. Each item must be of the
+    field's type (a null item is refused too): anything else is a decode error."""
+    single = _field_table(t)
     allowed = frozenset(PLAIN_DECODERS["map" if t == "fields" else t]) if t != "*" else None
 
     def checked(dec: Decoder) -> Decoder:
@@ -214,22 +217,14 @@ def _multiple_table(t: str) -> list[Decoder]:
 
         return d
 
-    def symbols(dec: Decoder) -> Decoder:
-        def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
-            v, off = dec(buf, off, depth)
-            if not all(type(x) is Symbol for x in v):
-                raise DecodeError("a list in a multiple symbol field holds a non-symbol")
-            return v, off
-
-        return d
-
-    table = [_listed(d) for d in _field_table(t)]
+    items = list(single)
+    items[0x40] = invalid_constructor(0x40, f"{t} list item")
+    table = [_listed(d) for d in single]
     table[0x40] = decode_null
     for code, dec in PLAIN_DECODERS["array"].items():
         table[code] = checked(dec)
-    if t == "symbol":
-        for code, dec in PLAIN_DECODERS["list"].items():
-            table[code] = symbols(dec)
+    for code, dec in list_decoders(items).items():
+        table[code] = dec
     return table
 
 

@@ -29,7 +29,8 @@ class Event:
 class SaslDone(Event):
     """The SASL layer finished: ``outcome`` 0 is ok, anything else is a refusal. On the
     server side ``identity`` is who the peer authenticated as, or, on a refused login, the
-    user it claimed to be (never a password)."""
+    user it claimed to be (never a password); ``mechanism`` None: the peer skipped SASL (the
+    plain AMQP header) on a server that lets anonymous peers in, and is anonymous."""
 
     mechanism: str | None
     outcome: int

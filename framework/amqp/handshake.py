@@ -2,7 +2,8 @@
 SASL exchange (Part 5 §5.3), apart from the connection's frame handling as wsproto keeps its
 handshake apart from its frames.
 
-``Handshake`` knows which header comes next, what to answer, and drives ``SaslClient`` or
+``Handshake`` knows which header comes next (a server whose SASL admits anonymous peers takes
+the plain AMQP header in its place: no SASL layer), what to answer, and drives ``SaslClient`` or
 ``SaslServer`` with the decoded SASL frames. It writes its own bytes (headers, SASL frames) to
 the connection's output buffer and tells the connection where input stands (``Phase``); the
 connection decides when its held AMQP frames may follow our AMQP header.
@@ -18,7 +19,7 @@ from .errors import RemoteProtocolError
 from .events import Event, SaslDone, TransportFailed
 from .framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER, Frame, encode_frame
 from .performatives import SASL_OK, SaslChallenge, SaslInit, SaslMechanisms, SaslOutcome
-from .sasl import SaslClient, SaslFailed, SaslServer
+from .sasl import ANONYMOUS_IDENTITY, SaslClient, SaslFailed, SaslServer
 from .types import Symbol
 
 
@@ -39,7 +40,7 @@ class Handshake:
         self, sasl: SaslClient | SaslServer | None, *, initiator: bool, out: bytearray
     ) -> None:
         self.phase = Phase.HEADER
-        self.identity: str | None = None  # who the peer authenticated as (SASL server side)
+        self.identity: str | None = None  # who the peer is (server side), once known
         self._sasl = sasl
         self._initiator = initiator
         self._out = out
@@ -53,14 +54,30 @@ class Handshake:
         return self._initiator and self._sasl is None
 
     def on_header(self, header: bytes, events: list[Event]) -> None:
-        """A protocol header arrived (in phase HEADER or AMQP_HEADER)."""
+        """A protocol header arrived (in phase HEADER or AMQP_HEADER).
+
+        A server whose SASL lets anonymous peers in takes the plain AMQP header as well: that
+        peer skips SASL and is anonymous, as if it had said ANONYMOUS (``SaslDone`` without a
+        mechanism). Any other header we do not want is answered with the one we do, then we
+        hang up (§2.2): a server requiring credentials so tells a peer without SASL to use it.
+        """
         want_sasl = self.phase is Phase.HEADER and self._sasl is not None
         expected = SASL_HEADER if want_sasl else AMQP_HEADER
         if header != expected:
+            sasl = self._sasl
+            if want_sasl and header == AMQP_HEADER and isinstance(sasl, SaslServer):
+                if sasl.allows_anonymous:
+                    self.identity = ANONYMOUS_IDENTITY
+                    self.phase = Phase.FRAMES
+                    events.append(SaslDone(None, SASL_OK, ANONYMOUS_IDENTITY))
+                    return
+                why = "the peer skipped SASL, which this server requires"
+            else:
+                why = f"unsupported protocol header {header!r}"
             if not self._initiator:  # §2.2: answer with the header we support, then hang up
                 self._out += expected
             self.phase = Phase.DONE
-            events.append(TransportFailed(f"unsupported protocol header {header!r}"))
+            events.append(TransportFailed(why))
             return
         if not want_sasl:
             self.phase = Phase.FRAMES

@@ -3,7 +3,8 @@
 They know mechanisms and credentials, nothing about frames or sockets: the connection engine
 feeds them the decoded SASL performatives and writes what they return. Supported: ANONYMOUS,
 PLAIN (the server asks a callback), EXTERNAL (the identity comes from the TLS layer, which the
-transport hands in as ``external_identity``).
+transport hands in as ``external_identity``). A server that offers ANONYMOUS also lets a peer
+skip SASL altogether (the plain AMQP header, handshake.py): that peer is anonymous too.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from .performatives import (
 ANONYMOUS = "ANONYMOUS"
 PLAIN = "PLAIN"
 EXTERNAL = "EXTERNAL"
+
+ANONYMOUS_IDENTITY = "anonymous"
+"""The identity of a peer let in without credentials (SASL ANONYMOUS, or no SASL at all): one
+value, so whatever judges a peer by its identity treats both alike."""
 
 CheckPlain = Callable[[str, str, str], bool]
 """``check(authzid, username, password) -> bool``, the server's credential check."""
@@ -88,6 +93,11 @@ class SaslServer:
         mechs = (PLAIN, ANONYMOUS) if allow_anonymous else (PLAIN,)
         return cls(mechanisms=mechs, check_plain=check)
 
+    @property
+    def allows_anonymous(self) -> bool:
+        """Whether a peer may come in without credentials: then it may skip SASL too."""
+        return ANONYMOUS in self.mechanisms
+
     def offered(self) -> list[str]:
         mechs = list(self.mechanisms)
         if self.external_identity is not None and EXTERNAL not in mechs:
@@ -101,7 +111,7 @@ class SaslServer:
         if mechanism not in self.offered():
             return SaslOutcome(code=SASL_AUTH), None
         if mechanism == ANONYMOUS:
-            return SaslOutcome(code=SASL_OK), "anonymous"
+            return SaslOutcome(code=SASL_OK), ANONYMOUS_IDENTITY
         if mechanism == EXTERNAL:
             if self.external_identity is None:
                 return SaslOutcome(code=SASL_AUTH), None

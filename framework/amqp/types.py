@@ -78,6 +78,9 @@ class _RangedInt(int):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({int(self)})"
 
+    def __str__(self) -> str:  # int's str() would use the repr above: "UInt(5)" in messages
+        return int.__repr__(self)
+
 
 class UByte(_RangedInt):
     """AMQP ``ubyte`` (0..255)."""

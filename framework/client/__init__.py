@@ -2,5 +2,6 @@
 a blocking facade for code without an event loop."""
 
 from framework.client.client import Client, ServiceProxy, connect
+from framework.client.reply import Reply
 
-__all__ = ["Client", "ServiceProxy", "connect"]
+__all__ = ["Client", "Reply", "ServiceProxy", "connect"]

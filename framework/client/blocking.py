@@ -16,14 +16,16 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
 
+from framework.amqp.messaging import BodyKind
 from framework.client import client as aio
+from framework.client.reply import Reply
 from framework.errors import ConnectionLostError
 from framework.io.threads import TrioThread, start_trio_thread
 from framework.rpc.payload import Encoding
@@ -31,6 +33,8 @@ from framework.rpc.payload import Encoding
 log = structlog.get_logger("pairlink.blocking")
 
 CLOSE_TIMEOUT = 10.0
+
+T = TypeVar("T")
 
 
 _Portal = TrioThread[trio.Nursery]
@@ -118,7 +122,7 @@ class Client:
         finally:
             stopped.set()
 
-    def _run(self, action: Callable[[aio.Client], Awaitable[Any]]) -> Any:
+    def _run(self, action: Callable[[aio.Client], Awaitable[T]]) -> T:
         """Run ``action(async client)`` in the Trio thread; block until it is done."""
         client, portal = self._ensure()
         return portal.run(action, client)
@@ -144,6 +148,37 @@ class Client:
                 encoding=encoding,
                 message_id=message_id,
                 **kwargs,
+            )
+        )
+
+    def request(
+        self,
+        address: str,
+        body: Any = None,
+        *,
+        body_kind: BodyKind = "value",
+        subject: str | None = None,
+        to: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+        message_id: Any = None,
+        correlation_id: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Reply:
+        """``Client.request`` of the async client, blocking until the whole reply (or the
+        error)."""
+        return self._run(
+            lambda client: client.request(
+                address,
+                body,
+                body_kind=body_kind,
+                subject=subject,
+                to=to,
+                application_properties=application_properties,
+                message_id=message_id,
+                correlation_id=correlation_id,
+                content_type=content_type,
+                timeout=timeout,
             )
         )
 

@@ -11,7 +11,9 @@ address.
 
 Replies are matched to calls by ``correlation-id`` = the request's ``message-id`` (a counter,
 or a string the caller chose: a stable key that a deduplicating service recognises when the
-call is sent again), so many calls share one pair and may complete in any order. Every failure
+call is sent again) or its ``correlation-id``, so many calls share one pair and may complete in
+any order. ``call`` speaks pairlink's conventions and returns a value; ``request`` sends a
+message of the caller's making and returns the whole reply (``Reply``). Every failure
 ends the calls it concerns at once: a detached or refused pair fails its calls with
 ``LinkDetachedError``, a lost connection fails every call in flight with
 ``ConnectionLostError``; a timeout raises ``TimeoutError`` and the reply, if it comes later,
@@ -24,15 +26,17 @@ import functools
 import itertools
 import math
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
 
 from framework.amqp import errors as conditions
+from framework.amqp.messaging import BodyKind
 from framework.client.pairs import CallConnection, CallPair
+from framework.client.reply import Reply, request_message
 from framework.client.timeouts import Timeouts
 from framework.errors import (
     AuthenticationError,
@@ -44,7 +48,7 @@ from framework.io import net
 from framework.io.backoff import jittered_backoff
 from framework.io.connection import AmqpConnection
 from framework.io.taskgroups import body_errors_unwrapped
-from framework.rpc import deadline
+from framework.rpc import deadline, wire
 from framework.rpc.linkpair import (
     LINK_PAIR_V1_0,
     offers_pairing,
@@ -52,6 +56,8 @@ from framework.rpc.linkpair import (
 from framework.rpc.payload import Encoding
 
 log = structlog.get_logger("pairlink.client")
+
+T = TypeVar("T")
 
 
 class Client:
@@ -66,7 +72,7 @@ class Client:
         timeout: float | None,
         settled: bool,
         reconnect: bool,
-        encoding: Encoding,
+        encoding: Encoding | None,
         reply_credit: int,
         connect_timeout: float,
         retry_delay: float,
@@ -109,13 +115,22 @@ class Client:
         first connection."""
         return None if self._conn is None else self._conn.paired
 
+    @property
+    def call_encoding(self) -> Encoding | None:
+        """The request body of a call that names no encoding: the one given to ``connect``,
+        else the one the current connection's peer reads; None before the first connection."""
+        if self.encoding is not None or self._conn is None:
+            return self.encoding
+        return self._conn.encoding
+
     def in_flight(self, address: str | None = None) -> int:
         """Calls sent on the current connection (to ``address``, or to any) and not answered."""
         conn = self._conn
         if conn is None:
             return 0
         pairs = conn.pairs.values() if address is None else [conn.pairs.get(address)]
-        return sum(len(pair.calls) for pair in pairs if pair is not None)
+        # a request with a correlation-id of its own waits under both its ids
+        return sum(len(set(pair.calls.values())) for pair in pairs if pair is not None)
 
     async def wait_connection_lost(self) -> None:
         """Wait until the current connection has gone (at once if there is none): its calls
@@ -131,10 +146,12 @@ class Client:
             amqp: AmqpConnection = await self._nursery.start(self._hold)
         if scope.cancelled_caught:
             raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout} s")
-        paired = offers_pairing(amqp.remote_offered_capabilities)
+        offered = amqp.remote_offered_capabilities
+        paired = offers_pairing(offered)
+        encoding = wire.peer_encoding(offered)
         conn_log = log.bind(conn=amqp.id, peer=amqp.peer)
-        conn_log.info("client.connected", paired=paired)
-        self._conn = CallConnection(self, amqp, paired, conn_log)
+        conn_log.info("client.connected", paired=paired, encoding=encoding.name)
+        self._conn = CallConnection(self, amqp, paired, conn_log, encoding=encoding)
         return self._conn
 
     async def _hold(
@@ -237,36 +254,111 @@ class Client:
         Raises ``RemoteError`` when the service answers with a failure, ``TimeoutError``,
         ``ConnectionLostError``, or ``LinkDetachedError`` when the peer refused the link.
         """
+        deadline_at = self._deadline_at(address, operation, timeout)
+        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        return await self._on_pair(
+            address, operation, deadline_at, lambda pair: pair.call(*call, message_id)
+        )
+
+    async def request(
+        self,
+        address: str,
+        body: Any = None,
+        *,
+        body_kind: BodyKind = "value",
+        subject: str | None = None,
+        to: str | None = None,
+        application_properties: Mapping[str, Any] | None = None,
+        message_id: Any = None,
+        correlation_id: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
+    ) -> Reply:
+        """Send one message to ``address`` and return its whole reply, nothing interpreted:
+        for services with conventions of their own (RabbitMQ's ``/management``, AMQP
+        management nodes, any AMQP server that answers ``reply-to``).
+
+        ``body`` goes in the one section ``body_kind`` says: ``"value"`` (an amqp-value: any
+        AMQP value, the default), ``"data"`` (bytes, or a list of bytes for several data
+        sections) or ``"sequence"`` (a list of amqp-sequence sections, each a list). Or pass a
+        whole :class:`~framework.amqp.messaging.Message` as ``body`` (header, annotations and
+        all): it is sent as given, the keywords set the fields they name.
+
+        ``message_id`` (default: a counter) and ``correlation_id`` (default: the message-id,
+        as a call's) are the request's own; the reply is matched by its correlation-id, equal
+        to either of them (servers copy one or the other).
+        ``reply-to`` is always the pair's reply address (``$me`` on a paired link), where
+        the reply must come. The deadline (``timeout`` as for :meth:`call`) travels as the
+        request's ``header.ttl`` and ``absolute-expiry-time`` unless the message has one.
+        The request goes pre-settled or not as the client's ``settled`` says; unsettled, the
+        service's outcome comes back in ``Reply.outcome``, and a request it did not accept
+        returns at once with no reply message.
+
+        Raises ``TimeoutError``, ``ConnectionLostError``, ``LinkDetachedError`` (never
+        ``RemoteError``: a status is the caller's to read, ``Reply.status``), and
+        ``ValueError`` if a request with that message-id is in flight to ``address``.
+        """
+        label = subject or "request"
+        deadline_at = self._deadline_at(address, label, timeout)
+        message = request_message(
+            body,
+            body_kind=body_kind,
+            subject=subject,
+            to=to,
+            application_properties=application_properties,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            content_type=content_type,
+        )
+        settled = self.settled
+        return await self._on_pair(
+            address,
+            label,
+            deadline_at,
+            lambda pair: pair.request(message, deadline_at, settled, label),
+        )
+
+    def _deadline_at(self, address: str, label: str, timeout: float | None) -> float:
+        """The Trio time by which a request must be answered (see ``call``'s ``timeout``)."""
         limit = deadline.effective_timeout(self.timeout if timeout is None else timeout)
         if limit is not None and limit <= 0:
-            raise TimeoutError(f"{address}.{operation}: the deadline has passed already")
-        deadline_at = math.inf if limit is None else trio.current_time() + limit
+            raise TimeoutError(f"{address}.{label}: the deadline has passed already")
+        return math.inf if limit is None else trio.current_time() + limit
+
+    async def _on_pair(
+        self,
+        address: str,
+        label: str,
+        deadline_at: float,
+        exchange: Callable[[CallPair], Awaitable[T]],
+    ) -> T:
+        """``exchange`` on the pair for ``address``, set up first if need be, and once more
+        on a new pair if the service had no room for it at once (LP-10)."""
         conn = self._conn
         pair = conn.pairs.get(address) if conn is not None and conn.alive else None
         if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
-            pair = await self._pair_by(address, operation, deadline_at)
-        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+            pair = await self._pair_by(address, label, deadline_at)
         try:
-            return await pair.call(*call, message_id)
+            return await exchange(pair)
         except LinkDetachedError as exc:
             if pair.granted or exc.condition != conditions.TRANSFER_LIMIT_EXCEEDED:
                 raise
-        # LP-10: the service had no room for the pipelined first call and detached the pair
-        # before granting it any credit, so none of its calls reached the service: send this
-        # one again on a pair that waits for credit
-        log.debug("call.no_room", address=address, operation=operation)
-        pair = await self._pair_by(address, operation, deadline_at)
+        # LP-10: the service had no room for the pipelined first request and detached the
+        # pair before granting it any credit, so none of its requests reached the service:
+        # send this one again on a pair that waits for credit
+        log.debug("call.no_room", address=address, operation=label)
+        pair = await self._pair_by(address, label, deadline_at)
         if not pair.granted:
             pair.fresh = False
-        return await pair.call(*call, message_id)
+        return await exchange(pair)
 
-    async def _pair_by(self, address: str, operation: str, deadline_at: float) -> CallPair:
+    async def _pair_by(self, address: str, label: str, deadline_at: float) -> CallPair:
         """The pair for ``address``, set up (or reconnected) by ``deadline_at``."""
         pair = None
         with trio.move_on_at(deadline_at):
             pair = await self._pair(address)
         if pair is None:
-            raise TimeoutError(f"{address}.{operation}: no connection within the deadline")
+            raise TimeoutError(f"{address}.{label}: no connection within the deadline")
         return pair
 
     async def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
@@ -300,7 +392,7 @@ class ServiceProxy:
     position.
     """
 
-    def __init__(self, client: Client, address: str, encoding: Encoding) -> None:
+    def __init__(self, client: Client, address: str, encoding: Encoding | None) -> None:
         self.client = client
         self.address = address
         self.encoding = encoding
@@ -340,7 +432,7 @@ async def connect(
     timeout: float | None = 30.0,  # noqa: ASYNC109 - the default deadline of each call
     settled: bool = True,
     reconnect: bool = False,
-    encoding: Encoding = Encoding.ENVELOPE,
+    encoding: Encoding | None = None,
     reply_credit: int = 1000,
     connect_timeout: float = 30.0,
     retry_delay: float = 0.1,
@@ -355,8 +447,11 @@ async def connect(
     service's disposition. ``reconnect``: once the connection is lost, new calls reconnect
     with jittered exponential backoff from ``retry_delay`` up to ``max_retry_delay`` seconds
     (calls in flight at the loss fail: a request may have been executed, only the caller can
-    know whether repeating it is safe). ``reply_credit``: replies the service may send before
-    we grant more. ``config``: engine settings (``container_id``, ``idle_timeout``, ``sasl``).
+    know whether repeating it is safe). ``encoding``: the request body of every call that
+    names none; by default pairlink's envelope when the peer offers ``pairlink:call-envelope``
+    (a pairlink container or gateway), else an ``amqp-value`` any AMQP server reads (README,
+    "Message bodies"). ``reply_credit``: replies the service may send before we grant more.
+    ``config``: engine settings (``container_id``, ``idle_timeout``, ``sasl``).
     Raises at once if the first connection fails.
     """
     with body_errors_unwrapped() as body:

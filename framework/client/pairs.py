@@ -1,5 +1,6 @@
 """The links that carry a client's calls: one pair per address on a connection, and the calls in
-flight on it, correlated by message-id.
+flight on it, correlated by message-id (or by a request's own correlation-id). A call and a
+message-level request (``Client.request``) share one exchange: credit, deadline, matching.
 
 A pair is a paired link (LP-3) when the peer offered pairing, else a sender plus a receiver with
 a dynamic source (one more round trip per address). It owns its reply link's end and watches
@@ -9,6 +10,7 @@ ends the pair and fails its calls at once.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Protocol
 
@@ -18,8 +20,18 @@ import trio
 from framework.amqp import errors as conditions
 from framework.amqp.errors import DecodeError
 from framework.amqp.link import Delivery
-from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
+from framework.amqp.messaging import (
+    Accepted,
+    Error,
+    Header,
+    Message,
+    Properties,
+    Rejected,
+    Source,
+    Target,
+)
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
+from framework.client.reply import Reply
 from framework.client.timeouts import Timeouts
 from framework.errors import ConnectionLostError, LinkDetachedError, PairlinkError
 from framework.io.connection import AmqpConnection
@@ -190,19 +202,14 @@ class CallPair(LinkOwner):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         deadline_at: float,
-        encoding: Encoding,
+        encoding: Encoding | None,
         settled: bool,
         message_id: str | None,
     ) -> Any:
-        """Send one request and wait for its reply until ``deadline_at`` (Trio clock)."""
-        client = self.conn.client
-        call_id: int | str
-        if message_id is None:
-            call_id = client.next_id()
-        elif message_id in self.calls:  # its reply could not be told from the other's
-            raise ValueError(f"message_id {message_id!r} is already in flight on {self.address}")
-        else:
-            call_id = message_id
+        """Send one request and wait for its reply until ``deadline_at`` (Trio clock); its
+        body in ``encoding``, else in the one the connection's peer reads (``peer_encoding``).
+        It carries its message-id as its correlation-id too: a server may copy either."""
+        call_id = self._new_id(message_id)
         remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
         message = wire.encode_request(
             operation,
@@ -212,31 +219,94 @@ class CallPair(LinkOwner):
             now=deadline.wall_time(),
             timeout=remaining,
             reply_to=self.reply_to,
-            encoding=encoding,
+            encoding=encoding or self.conn.encoding,
         )
+        reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
+        wire.raise_for_outcome(outcome)
+        assert reply is not None  # accepted (or pre-settled), so it was answered
+        return wire.parse_reply(reply)
+
+    async def request(
+        self, message: Message, deadline_at: float, settled: bool, label: str
+    ) -> Reply:
+        """Send a message of the caller's making and wait for its reply as ``call`` does,
+        with nothing interpreted. Filled in here, unless the message has its own: the
+        message-id, the correlation-id (the message-id, as a call's) and the deadline; and
+        always the ``reply-to`` of this pair."""
+        props = message.properties or Properties()
+        call_id = self._new_id(props.message_id)
+        alias = props.correlation_id
+        if alias is None or alias == call_id:
+            alias = None
+        elif alias in self.calls:
+            raise ValueError(f"correlation_id {alias!r} is already in flight on {self.address}")
+        props = copy.copy(props)  # as given, should it be sent again on a new pair (LP-10)
+        props.message_id, props.reply_to = call_id, self.reply_to
+        if alias is None:
+            props.correlation_id = call_id
+        header = message.header
+        has_ttl = header is not None and header.ttl is not None
+        if not (has_ttl or props.absolute_expiry_time is not None or math.isinf(deadline_at)):
+            header = Header() if header is None else copy.copy(header)
+            remaining = deadline_at - trio.current_time()
+            header.ttl, props.absolute_expiry_time = wire.deadline_fields(
+                deadline.wall_time(), remaining
+            )
+        payload = attrs.evolve(message, header=header, properties=props).encode()
+        reply, outcome = await self.exchange(call_id, payload, deadline_at, settled, label, alias)
+        return Reply(reply, outcome)
+
+    def _new_id(self, chosen: Any) -> Any:
+        """A request's message-id: the caller's, else the client's counter."""
+        if chosen is None:
+            return self.conn.client.next_id()
+        if chosen in self.calls:  # its reply could not be told from the other's
+            raise ValueError(f"message_id {chosen!r} is already in flight on {self.address}")
+        return chosen
+
+    async def exchange(
+        self,
+        call_id: Any,
+        payload: bytes,
+        deadline_at: float,
+        settled: bool,
+        label: str,
+        alias: Any = None,
+    ) -> tuple[Message | None, Any]:
+        """Send one request and wait until ``deadline_at`` (Trio clock) for the reply whose
+        correlation-id is ``call_id`` (or ``alias``, the request's own correlation-id).
+
+        Returns the reply and the request's outcome (None when it went pre-settled). A
+        request settled with any outcome but ``accepted`` was not taken: no reply will come,
+        so it returns at once with none."""
         call = Call(deadline_at)
         self.calls[call_id] = call
+        if alias is not None:
+            self.calls[alias] = call
         presume, self.fresh = self.fresh, False
+        outcome = None
         try:
             if settled and self.sender.has_credit(presume):
-                await self._send_then_wait(call, message, presume)
+                await self._send_then_wait(call, payload, presume)
             else:  # the request may wait for credit (or its outcome): under a cancel scope
                 call.scope = trio.CancelScope(deadline=deadline_at)
                 with call.scope:
                     delivery = await self.sender.send(
-                        message, wait=not settled, presume_credit=presume
+                        payload, wait=not settled, presume_credit=presume
                     )
-                    if not settled:
-                        wire.raise_for_outcome(delivery.remote_state)
-                    await call.done.wait()
+                    outcome = delivery.remote_state
+                    if outcome is None or isinstance(outcome, Accepted):
+                        await call.done.wait()
         finally:
             self.calls.pop(call_id, None)
-        if call.reply is not None:
-            return wire.parse_reply(call.reply)
+            if alias is not None:
+                self.calls.pop(alias, None)
+        if call.reply is not None or not (outcome is None or isinstance(outcome, Accepted)):
+            return call.reply, outcome
         if call.error is not None:
             raise call.error
-        self.log.debug("call.timeout", correlation_id=call_id, operation=operation)
-        raise TimeoutError(f"{self.address}.{operation}: no reply within the deadline")
+        self.log.debug("call.timeout", correlation_id=call_id, operation=label)
+        raise TimeoutError(f"{self.address}.{label}: no reply within the deadline")
 
     async def _send_then_wait(self, call: Call, message: bytes, presume: bool) -> None:
         """The common case: the request leaves at once, pre-settled, so only the reply is
@@ -325,6 +395,8 @@ class CallConnection:
     paired: bool
     log: Any
     pairs: dict[str, CallPair] = attrs.field(factory=dict)
+    encoding: Encoding = Encoding.AMQP_VALUE
+    """The request body its peer reads (``wire.peer_encoding``), for calls that name none."""
 
     @property
     def alive(self) -> bool:

@@ -35,6 +35,7 @@ from framework.gateway.upstream import Upstream
 from framework.io.connection import AmqpConnection
 from framework.io.listener import Listener, listen
 from framework.rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
+from framework.rpc.wire import CALL_ENVELOPE
 
 log = structlog.get_logger("pairlink.gateway")
 
@@ -187,7 +188,10 @@ class Gateway:
                 ssl_context=self._server_tls(),
                 container_id=self.container_id,
                 idle_timeout=config.idle_timeout,
-                offered_capabilities=[LINK_PAIR_V1_0],
+                # the envelope too: the services behind it read the bodies it relays, and
+                # offer pairing, so in practice are pairlink containers (README, "Message
+                # bodies"); to call a service of another stack here, a caller sets `encoding=`
+                offered_capabilities=[LINK_PAIR_V1_0, CALL_ENVELOPE],
                 **config.limits.listen_options(),
             ) as listener:
                 self.listener = listener

@@ -26,7 +26,7 @@ import trio
 
 from framework.amqp.connection import ConnectionConfig
 from framework.amqp.link import Link
-from framework.amqp.sasl import SaslServer
+from framework.amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
 from framework.errors import AuthenticationError, ConnectionLostError
 from framework.io.connection import MAX_OUTGOING_BYTES, AmqpConnection
 from framework.io.login_throttle import LoginThrottle
@@ -119,10 +119,13 @@ async def listen(
     ``on_closed`` once when the connection ends. Leaving the block closes every connection
     (each handler is told before it returns).
 
-    ``users`` enables SASL PLAIN against that table (ANONYMOUS then only if
-    ``allow_anonymous``); a client certificate that ``ssl_context`` verified logs its peer in
-    with SASL EXTERNAL as its common name (else its first subjectAltName), only when that
-    name is one of ``certificate_users`` if given.
+    ``users`` enables SASL PLAIN against that table; a client certificate that
+    ``ssl_context`` verified logs its peer in with SASL EXTERNAL as its common name (else its
+    first subjectAltName), only when that name is one of ``certificate_users`` if given.
+    Anonymous peers (``allow_anonymous``, by default only when there are neither ``users``
+    nor ``certificate_users``) may say SASL ANONYMOUS or skip SASL, opening with the
+    plain AMQP header (over TLS too); a listener that requires users answers that header
+    with the SASL one and hangs up (AMQP 1.0 §2.2).
 
     Limits: a connection that has not finished its handshake (TLS, header, SASL, open) within
     ``handshake_timeout`` seconds is dropped; past ``max_connections`` at once (default
@@ -134,8 +137,9 @@ async def listen(
     parsed = AmqpUrl.parse(url)
     if parsed.tls and ssl_context is None:
         raise ValueError("amqps:// needs an ssl_context with the server certificate")
-    anonymous = users is None if allow_anonymous is None else allow_anonymous
-    sasl = SaslServer.with_users(users or {}, allow_anonymous=anonymous)
+    if allow_anonymous is None:
+        allow_anonymous = users is None and not certificate_users
+    sasl = SaslServer.with_users(users or {}, allow_anonymous=allow_anonymous)
     listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
     port = listeners[0].socket.getsockname()[1]
     scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
@@ -183,7 +187,7 @@ async def listen(
                     handshaking.pop(scope, None)  # done, one way or the other
                     if isinstance(conn.error, AuthenticationError):
                         throttle.failed(host, trio.current_time())
-                    elif conn.sasl_identity not in (None, "anonymous"):
+                    elif conn.sasl_identity not in (None, ANONYMOUS_IDENTITY):
                         throttle.succeeded(host)
                     if not conn.opened.is_set():
                         if not conn.closed.is_set():

@@ -1,9 +1,12 @@
 """Message bodies by content type: how call arguments and results become bytes and back.
 
 A request's body may come from our client (the pairlink envelope: positional and keyword
-arguments apart), from any msgpack or JSON speaker, as raw bytes, or as an AMQP value (what a
-Proton client sends). The reply answers in the request's own encoding, so every caller can read
-it. The msgpack codec is the default: compact, fast, and it keeps bytes apart from strings.
+arguments apart, sent only to a pairlink peer), from any msgpack or JSON speaker, as raw bytes,
+or as an AMQP value (what a Proton client sends, and our client sends any other peer).
+:func:`arguments_value` (the client's half) and :func:`split_arguments` (the service's) are one
+convention, read back as written. AMQP values come out plain (:func:`plain`). The reply answers
+in the request's own encoding, so every caller can read it. Between pairlink peers msgpack is
+the codec: compact, fast, and it keeps bytes apart from strings.
 
 Decoding a body is bounded like decoding an AMQP message: at most ``max_elements`` values
 (codec.py's ``MAX_ELEMENTS`` by default), so a body of tiny values (8 MiB of empty msgpack
@@ -126,18 +129,45 @@ def _data_bytes(message: Message) -> bytes:
 
 def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[Any, Encoding]:
     """The value a message's body carries, and the encoding it came in; ``PayloadError`` for a
-    body that is not what it claims or holds more than ``max_elements`` values."""
+    body that is not what it claims or holds more than ``max_elements`` values. An AMQP body
+    comes back as plain Python values (:func:`plain`)."""
     encoding = encoding_of(message)
     if encoding is Encoding.AMQP_VALUE:
         if message.body_kind == "sequence":
-            return [item for section in message.body for item in section], encoding
-        return message.body, encoding
+            return [plain(item) for section in message.body for item in section], encoding
+        return plain(message.body), encoding
     data = _data_bytes(message)
     if encoding in (Encoding.MSGPACK, Encoding.ENVELOPE):
         return _msgpack_loads(data, max_elements), encoding
     if encoding is Encoding.JSON:
         return _json_loads(data, max_elements), encoding
     return data, encoding
+
+
+_AS_IS = frozenset((int, float, str, bytes, bool, type(None)))
+
+
+def plain(value: Any) -> Any:
+    """``value`` as the plain Python value the AMQP wrappers stand for: every integer width an
+    ``int``, ``float`` a ``float``, symbols and chars ``str``, arrays and lists ``list``, maps
+    ``dict`` (keys too). What a caller or handler gets from another stack (rhea answers
+    ``add(1, 2)`` with a uint) then looks as it would from pairlink. Timestamps, UUIDs,
+    decimals and described values of no known class have no plainer form and stay as they are.
+    The decoder bounds the depth, so the recursion is bounded too."""
+    kind = type(value)
+    if kind in _AS_IS:
+        return value
+    if isinstance(value, list):  # Array too
+        return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
 
 
 def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str, Any]]:
@@ -165,6 +195,36 @@ def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str
     if not all(isinstance(k, str) for k in kwargs):
         raise PayloadError("keyword argument names must be strings")
     return list(args), {str(k): v for k, v in kwargs.items()}
+
+
+def arguments_value(
+    args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], encoding: Encoding
+) -> Any:
+    """The request value that carries ``args`` and ``kwargs`` in ``encoding``: what
+    :func:`split_arguments` reads back as the same arguments.
+
+    Our envelope is ``[args, kwargs]``. Any other body is what a server of another stack
+    expects: keywords as a map; one positional argument as the bare value; none as null (an
+    empty list for msgpack and JSON, whose null would be one argument); several as a list. A
+    single argument that is itself a list, map or null goes in a list of one, as the reader
+    would take it for the arguments themselves. Positional and keyword arguments together have
+    no such form: ``PayloadError`` (a pairlink service reads both from the envelope)."""
+    if encoding is Encoding.ENVELOPE:
+        return [list(args), kwargs]
+    if kwargs:
+        if args:
+            raise PayloadError(
+                f"a {encoding.name} body carries positional or keyword arguments, not both "
+                "(only the pairlink envelope carries both)"
+            )
+        return kwargs
+    if len(args) == 1:
+        (value,) = args
+        if value is not None and not isinstance(value, list | tuple | dict):
+            return value
+    elif not args and encoding is Encoding.AMQP_VALUE:
+        return None
+    return list(args)
 
 
 _CONTENT_TYPES = {e: Symbol(e.value) for e in Encoding}

@@ -1,11 +1,18 @@
 """The wire conventions of a call (DESIGN.md "Wire conventions"), as pure functions.
 
 A request carries its operation in ``application-properties["operation"]`` (the AMQP management
-convention; ``subject`` is accepted too), a unique ``message-id``, ``reply-to`` (``$me`` on a
-paired link) and its deadline as ``header.ttl`` plus ``properties.absolute-expiry-time``. A
-reply carries ``correlation-id`` = the request's message-id and an HTTP-like
-``status-code``/``status-description``. Clock values come in as arguments, so both sides and
-the tests share one definition without a clock.
+convention; ``subject`` is accepted too), a unique ``message-id``, the same value as its
+``correlation-id`` (servers that copy the request's correlation-id into the reply, as Qpid
+Proton's examples do, answer it as well as those that copy its message-id), ``reply-to``
+(``$me`` on a paired link) and its deadline as ``header.ttl`` plus
+``properties.absolute-expiry-time``. A reply carries ``correlation-id`` = the request's
+message-id and an HTTP-like ``status-code`` (an AMQP ``int``, as the management convention has
+it; any integer type is read) and ``status-description``. Clock values come in as arguments, so
+both sides and the tests share one definition without a clock.
+
+The body of a request (:func:`framework.rpc.payload.arguments_value`) is pairlink's msgpack
+envelope only for a peer whose open offers ``CALL_ENVELOPE`` (a pairlink container or gateway);
+any other peer gets an ``amqp-value`` it can read (:func:`peer_encoding`).
 """
 
 from __future__ import annotations
@@ -27,12 +34,15 @@ from framework.amqp.messaging import (
     Rejected,
     encode_body,
 )
+from framework.amqp.types import Int, Symbol
 from framework.errors import RemoteError, RemoteTimeoutError
 from framework.rpc.payload import (
     Encoding,
     PayloadError,
+    arguments_value,
     decode_value,
     encoded_body,
+    plain,
     reply_encoding,
     set_body,
     split_arguments,
@@ -55,6 +65,18 @@ INTERNAL_ERROR = 500
 UNAVAILABLE = 503
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+CALL_ENVELOPE = Symbol("pairlink:call-envelope")
+"""The connection capability a pairlink container (and a gateway, which carries calls to
+them) offers: it reads the msgpack call envelope, so a client may send it."""
+
+
+def peer_encoding(offered_capabilities: list[str]) -> Encoding:
+    """The request body a client sends a peer by default: our envelope to a peer that offers
+    ``CALL_ENVELOPE``, an ``amqp-value`` that any AMQP stack reads to any other."""
+    if CALL_ENVELOPE in offered_capabilities:
+        return Encoding.ENVELOPE
+    return Encoding.AMQP_VALUE
 
 
 class CallError(Exception):
@@ -101,7 +123,7 @@ def request_message(
         properties=properties,
         application_properties={OPERATION: operation},
     )
-    set_body(message, _request_value(args, kwargs, encoding), encoding)
+    set_body(message, arguments_value(args, kwargs, encoding), encoding)
     return message
 
 
@@ -119,11 +141,16 @@ def encode_request(
     """The bytes of ``request_message(...)`` (same arguments), written without building the
     message: what the client sends for every call, so its constant sections (the header of a
     given ttl, the application-properties of an operation name) are encoded once each."""
-    body, kind, content_type = encoded_body(_request_value(args, kwargs, encoding), encoding)
-    properties = Properties(message_id=message_id, reply_to=reply_to, content_type=content_type)
+    body, kind, content_type = encoded_body(arguments_value(args, kwargs, encoding), encoding)
+    properties = Properties(
+        message_id=message_id,
+        correlation_id=message_id,
+        reply_to=reply_to,
+        content_type=content_type,
+    )
     out = bytearray()
     if timeout is not None:
-        ttl, properties.absolute_expiry_time = _deadline(now, timeout)
+        ttl, properties.absolute_expiry_time = deadline_fields(now, timeout)
         out += _header_section(ttl)
     encode_into(properties, out)
     out += _operation_section(operation)
@@ -134,29 +161,17 @@ def encode_request(
 def _request_head(
     message_id: Any, now: float, timeout: float | None, reply_to: str | None
 ) -> tuple[Header | None, Properties]:
-    properties = Properties(message_id=message_id, reply_to=reply_to)
+    properties = Properties(message_id=message_id, correlation_id=message_id, reply_to=reply_to)
     header = None
     if timeout is not None:
-        ttl, properties.absolute_expiry_time = _deadline(now, timeout)
+        ttl, properties.absolute_expiry_time = deadline_fields(now, timeout)
         header = Header(ttl=ttl)
     return header, properties
 
 
-def _deadline(now: float, timeout: float) -> tuple[int, datetime.datetime]:
+def deadline_fields(now: float, timeout: float) -> tuple[int, datetime.datetime]:
     """A request's ``header.ttl`` and ``properties.absolute-expiry-time`` for ``timeout``."""
     return max(1, int(timeout * 1000)), _EPOCH + datetime.timedelta(seconds=now + timeout)
-
-
-def _request_value(
-    args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], encoding: Encoding
-) -> Any:
-    if encoding is Encoding.ENVELOPE:
-        return [list(args), kwargs]
-    if kwargs and args:
-        raise PayloadError(f"{encoding.name} carries positional or keyword arguments, not both")
-    if kwargs:
-        return kwargs
-    return list(args)
 
 
 @functools.lru_cache(maxsize=256)
@@ -176,6 +191,7 @@ def parse_request(message: Message, *, now: float) -> Request:
     operation = app.get(OPERATION, props.subject)
     if not isinstance(operation, str) or not operation:
         raise CallError(BAD_REQUEST, "the request names no operation")
+    operation = str(operation)  # a symbol, from some stacks
     try:
         value, encoding = decode_value(message)
         args, kwargs = split_arguments(value, encoding)
@@ -202,7 +218,7 @@ def parse_request(message: Message, *, now: float) -> Request:
 def _reply(request: Request, to: str | None, status: int, description: str) -> Message:
     return Message(
         properties=Properties(correlation_id=request.message_id, to=to),
-        application_properties={STATUS_CODE: status, STATUS_DESCRIPTION: description},
+        application_properties={STATUS_CODE: Int(status), STATUS_DESCRIPTION: description},
     )
 
 
@@ -213,7 +229,7 @@ def reply_message(request: Request, value: Any, *, to: str | None) -> Message:
     return message
 
 
-_OK_STATUS = encode(ApplicationProperties({STATUS_CODE: OK, STATUS_DESCRIPTION: "OK"}))
+_OK_STATUS = encode(ApplicationProperties({STATUS_CODE: Int(OK), STATUS_DESCRIPTION: "OK"}))
 
 
 def encode_reply(request: Request, value: Any, *, to: str | None) -> bytes:
@@ -252,20 +268,23 @@ def error_message(
 
 
 def parse_reply(message: Message) -> Any:
-    """The value a reply carries; a failure reply raises ``RemoteError``."""
+    """The value a reply carries, as plain Python values; a failure reply raises
+    ``RemoteError`` with a plain ``int`` status and ``str`` fields, whatever types the service
+    sent them as."""
     app = message.application_properties or {}
     status = app.get(STATUS_CODE, OK)
-    if not isinstance(status, int):
-        raise RemoteError(BAD_REQUEST, f"reply status-code {status!r} is not an int")
+    if not isinstance(status, int) or isinstance(status, bool):
+        raise RemoteError(BAD_REQUEST, f"reply status-code {plain(status)!r} is not an integer")
+    status = int(status)
     if status != OK:
         description = app.get(STATUS_DESCRIPTION)
         error_type = app.get(ERROR_TYPE)
         ref = app.get(ERROR_REF)
         raise (RemoteTimeoutError if status == TIMEOUT else RemoteError)(
             status,
-            str(description) if description is not None else "",
-            None if error_type is None else str(error_type),
-            None if ref is None else str(ref),
+            "" if description is None else str(plain(description)),
+            None if error_type is None else str(plain(error_type)),
+            None if ref is None else str(plain(ref)),
         )
     try:
         value, _ = decode_value(message)

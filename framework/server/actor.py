@@ -86,7 +86,7 @@ class Route(Protocol):
     def usable(self) -> bool: ...
     @property
     def link(self) -> Link: ...
-    def deliver(self, payload: bytes, origin: Origin) -> bool: ...
+    def deliver(self, payload: bytes, origin: Origin, request_settled: bool) -> bool: ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -316,7 +316,7 @@ class Actor:
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
             return
-        if route.deliver(payload, origin):
+        if route.deliver(payload, origin, delivery.remote_settled):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
             return

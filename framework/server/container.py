@@ -18,10 +18,13 @@ Reply routing (LP-8), always on the connection the request came in on:
   no outcome can be said, logged as ``call.undeliverable`` and dropped. The handler never runs
   for a request whose answer could not be delivered.
 
-Replies follow the settle mode the requester's receiving link asked for (pre-settled unless it
-asked for ``unsettled``). A reply that finds no credit waits on its link, still holding its
-mailbox slot, so a requester that stops granting reply credit only slows itself and the service
-it calls, and never makes a buffer grow.
+Replies follow the settle mode the requester's receiving link asked for: pre-settled for
+``settled``, unsettled for ``unsettled``, and for ``mixed`` (the default, what a Proton
+``BlockingConnection`` receiver asks for) as its request came: a client that sent its request
+unsettled settles what it receives itself (``receive()`` then ``accept()``), and a settled
+reply would leave it nothing to settle. A reply that finds no credit waits on its link, still
+holding its mailbox slot, so a requester that stops granting reply credit only slows itself and
+the service it calls, and never makes a buffer grow.
 
 Credit (:mod:`framework.server.mailbox`). A request link gets credit only from its service's free
 mailbox slots, shared per connection and then per link, and the credit goes out as the link is
@@ -51,7 +54,13 @@ import structlog
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
 from framework.amqp.link import Delivery, Link
 from framework.amqp.messaging import Error, Message
-from framework.amqp.performatives import RCV_FIRST, ROLE_RECEIVER, SND_UNSETTLED
+from framework.amqp.performatives import (
+    RCV_FIRST,
+    ROLE_RECEIVER,
+    SND_MIXED,
+    SND_SETTLED,
+    SND_UNSETTLED,
+)
 from framework.errors import PairlinkError
 from framework.io.connection import AmqpConnection
 from framework.io.links import LinkEnd, LinkOwner, accept
@@ -165,8 +174,10 @@ class ReplyLink(LinkOwner):
         self.half = half
         self.to = to  # the reply's `to`: "$me" on a pair, else the address routed to
         remote = link.remote_attach
-        self.presettle = remote is None or remote.snd_settle_mode != SND_UNSETTLED
-        self._parked: deque[tuple[bytes, Origin]] = deque()  # and the request's link
+        mode = SND_MIXED if remote is None else remote.snd_settle_mode
+        self.presettle = {SND_SETTLED: True, SND_UNSETTLED: False}.get(mode)  # None: mixed
+        # the reply, the request's link, and whether the request came settled
+        self._parked: deque[tuple[bytes, Origin, bool]] = deque()
         self.end = accept(conn, link, self, **answer)
 
     @property
@@ -182,29 +193,30 @@ class ReplyLink(LinkOwner):
         """Replies waiting for the requester's credit."""
         return len(self._parked)
 
-    def deliver(self, payload: bytes, origin: Origin) -> bool:
+    def deliver(self, payload: bytes, origin: Origin, request_settled: bool) -> bool:
         """Send a reply to a call that came on ``origin`` now, or park it until credit comes
-        (it keeps its mailbox slot until then). False: the link is gone, the reply cannot be
-        delivered."""
+        (it keeps its mailbox slot until then); in mixed mode it goes settled as the request
+        came (``request_settled``). False: the link is gone, the reply cannot be delivered."""
         if not self.end.usable:
             return False
         if self.end.link.usable_credit > 0 and not self._parked:
-            self._send_now(payload)
+            self._send_now(payload, request_settled)
             origin.release()
         else:
-            self._parked.append((payload, origin))
+            self._parked.append((payload, origin, request_settled))
         return True
 
-    def _send_now(self, payload: bytes) -> None:
+    def _send_now(self, payload: bytes, request_settled: bool) -> None:
+        settled = request_settled if self.presettle is None else self.presettle
         try:
-            self.end.conn.send(self.end.link, payload, settled=self.presettle)
+            self.end.conn.send(self.end.link, payload, settled=settled)
         except PairlinkError as exc:  # the link or connection is closing
             log.warning("reply.dropped", link=self.end.link.name, error=str(exc))
 
     def link_flowed(self, end: LinkEnd) -> None:
         while self._parked and end.link.usable_credit > 0 and end.usable:
-            payload, origin = self._parked.popleft()
-            self._send_now(payload)
+            payload, origin, request_settled = self._parked.popleft()
+            self._send_now(payload, request_settled)
             origin.release()
         if end.link.drain and not self._parked:  # no reply waits: the credit is used up
             end.conn.complete_drain(end.link)
@@ -219,7 +231,7 @@ class ReplyLink(LinkOwner):
         if self._parked:
             log.warning("reply.undeliverable", link=end.link.name, dropped=len(self._parked))
         while self._parked:
-            _payload, origin = self._parked.popleft()
+            _payload, origin, _settled = self._parked.popleft()
             origin.release()
         self.peer.forget(self)
 

@@ -22,6 +22,7 @@ from framework.io.listener import Listener
 from framework.io.listener import listen as listen_amqp
 from framework.io.taskgroups import lone_errors_unwrapped
 from framework.rpc.linkpair import LINK_PAIR_V1_0
+from framework.rpc.wire import CALL_ENVELOPE
 from framework.server.actor import Actor
 from framework.server.container import Container, Peer
 from framework.server.service import Hosted, hosted
@@ -142,7 +143,8 @@ class Server:
             users=self._users,
             ssl_context=self._ssl_context,
             container_id=self.container_id,
-            offered_capabilities=[LINK_PAIR_V1_0],  # LP-1: we accept peer-initiated links
+            # LP-1: we accept peer-initiated links; and our clients may send the envelope
+            offered_capabilities=[LINK_PAIR_V1_0, CALL_ENVELOPE],
             **self._listen_options,
         ) as listener:
             self.listener = listener

@@ -3,11 +3,12 @@ answers with, and pairs of engines already opened or linked."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 from framework.amqp.connection import Connection, ConnectionConfig
 from framework.amqp.events import Event, LinkAttachRequested, ProtocolViolation
-from framework.amqp.framing import FrameReader, encode_frame
+from framework.amqp.framing import FRAME_AMQP, FrameReader, encode_frame
 from framework.amqp.link import Link
 from framework.amqp.messaging import Source, Target
 from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close
@@ -62,6 +63,23 @@ def linked(
     pump(client, server)
     assert sender.link_credit == credit
     return sender, receiver
+
+
+def composite(code: int, *fields: bytes) -> bytes:
+    """A described list ``0x00 0x53 code`` of already encoded fields, so any bytes can go in."""
+    body = b"".join(fields)
+    return (
+        b"\x00\x53"
+        + bytes([code])
+        + b"\xd0"
+        + struct.pack(">II", len(body) + 4, len(fields))
+        + body
+    )
+
+
+def frame(channel: int, body: bytes, frame_type: int = FRAME_AMQP) -> bytes:
+    """A frame around ``body``, hand-made bytes that need not be a performative we encode."""
+    return struct.pack(">IBBH", 8 + len(body), 2, frame_type, channel) + body
 
 
 def server_frames_after(server: Connection, inject: bytes) -> tuple[list[Event], list[Any]]:

@@ -409,8 +409,10 @@ def test_unsupported_header_is_answered_with_ours_then_hangup(header: bytes) -> 
     assert of(events, TransportFailed) and server.transport_done
 
 
-def test_sasl_server_answers_plain_amqp_header_with_sasl_header() -> None:
-    server = Connection(ConnectionConfig("s", sasl=SaslServer()), initiator=False)
+def test_sasl_server_requiring_users_answers_plain_amqp_header_with_sasl_header() -> None:
+    """(A server that lets anonymous peers in takes the plain header: test_plain_header.py.)"""
+    sasl = SaslServer.with_users({"alice": "s3cret"})
+    server = Connection(ConnectionConfig("s", sasl=sasl), initiator=False)
     server.receive_data(AMQP_HEADER)
     assert server.data_to_send() == SASL_HEADER and server.transport_done
 

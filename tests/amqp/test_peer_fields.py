@@ -6,8 +6,6 @@ unusual forms of a field are read, not refused."""
 
 from __future__ import annotations
 
-import struct
-
 import pytest
 
 from framework.amqp import errors
@@ -20,6 +18,8 @@ from framework.amqp.types import Array, Described, Symbol, UByte, UInt, ULong
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,
+    composite,
+    frame,
     frames,
     of,
     opened_pair,
@@ -29,22 +29,6 @@ from tests.amqp.engine_peer import (
 )
 
 NULL = b"\x40"
-
-
-def composite(code: int, *fields: bytes) -> bytes:
-    """A described list ``0x00 0x53 code`` of already encoded fields, so any bytes can go in."""
-    body = b"".join(fields)
-    return (
-        b"\x00\x53"
-        + bytes([code])
-        + b"\xd0"
-        + struct.pack(">II", len(body) + 4, len(fields))
-        + body
-    )
-
-
-def frame(channel: int, body: bytes) -> bytes:
-    return struct.pack(">IBBH", 8 + len(body), 2, 0, channel) + body
 
 
 def attach(
