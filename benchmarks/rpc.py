@@ -12,6 +12,13 @@ and are started afresh for every round:
   default of 10 starves a pipelined peer);
 - grpc: ``grpc.aio`` with a generic unary-unary handler on raw bytes.
 
+Handler kinds: the pairlink echo is an ``@handler(inline=True)`` plain ``def`` (run on the event
+loop as soon as the request is read). A second section serves the same workload with each kind of
+handler of ``services/echo.py`` (``--kinds``): ``inline`` (``echo``), ``thread`` (``echo_thread``,
+a plain ``def``'s default: a worker thread per call) and ``async`` (``echo_async``), in
+``--kind-rounds`` rounds of their own, and ends with what a thread and an ``async def`` cost
+against the inline fast path.
+
 Measured per round and stack, after a warm-up on the same connection: (a) throughput with
 ``--inflight`` calls (100) in flight for ``--duration`` seconds; (b) latency of
 ``--latency-calls`` sequential calls (p50, p99); (c) the server's CPU time per call over each
@@ -53,6 +60,8 @@ from typing import IO, Any, NoReturn, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ("pairlink", "proton", "grpc")
+HANDLERS = {"inline": "echo", "thread": "echo_thread", "async": "echo_async"}
+"""The kinds of handler the pairlink client can call, and the echo service's operation of each."""
 READY_TIMEOUT = 60.0
 PHASE_SLACK = 60.0
 
@@ -164,19 +173,25 @@ def server_argv(stack: str, args: argparse.Namespace) -> list[str]:
     return ["--child", "server", "--stack", stack, "--log-level", args.log_level]
 
 
-def client_argv(stack: str, args: argparse.Namespace) -> list[str]:
+def client_argv(stack: str, args: argparse.Namespace, handler: str = "inline") -> list[str]:
     plan = ["--inflight", str(args.inflight), "--duration", str(args.duration)]
     plan += ["--warmup", str(args.warmup), "--latency-calls", str(args.latency_calls)]
     plan += ["--log-level", args.log_level, "--profile-phase", args.profile_phase]
-    return ["--child", "client", "--stack", stack, *plan]
+    return ["--child", "client", "--stack", stack, "--handler", handler, *plan]
 
 
 def run_stack(
-    stack: str, args: argparse.Namespace, *, profile_dir: str | None = None, pin: bool = False
+    stack: str,
+    args: argparse.Namespace,
+    *,
+    profile_dir: str | None = None,
+    pin: bool = False,
+    handler: str = "inline",
 ) -> dict[str, float]:
     """Server and client of ``stack`` in two fresh processes (``pin``: the server on CPU 0, the
-    client on CPU 1); the figures of this round."""
-    server_args, client_args = server_argv(stack, args), client_argv(stack, args)
+    client on CPU 1), the pairlink client calling the echo of ``handler``'s kind; the figures
+    of this round."""
+    server_args, client_args = server_argv(stack, args), client_argv(stack, args, handler)
     if profile_dir is not None:
         server_args += ["--profile-out", os.path.join(profile_dir, "server.prof")]
         if args.profile_client:
@@ -262,15 +277,19 @@ def median(rounds: list[dict[str, float]], key: str) -> float:
 
 
 def print_table(
-    results: dict[str, list[dict[str, float]]], args: argparse.Namespace, elapsed: float
+    results: dict[str, list[dict[str, float]]],
+    args: argparse.Namespace,
+    elapsed: float,
+    what: str = "stack",
 ) -> None:
+    """The medians of each contestant's rounds, named in a first column headed ``what``."""
     print()
     print(
         f"echo of 64 bytes: {args.inflight} calls in flight for {args.duration:g} s, then "
         f"{args.latency_calls} sequential calls; medians of the rounds ({elapsed:.0f} s in all)"
     )
     widths = [max(len(title), 7) + 2 for _, title, _ in COLUMNS]
-    head = f"{'stack':<9}{'rounds':>6}"
+    head = f"{what:<9}{'rounds':>6}"
     head += "".join(f"{title:>{w}}" for (_, title, _), w in zip(COLUMNS, widths, strict=True))
     print(head + f"{'calls/s range':>16}")
     print("-" * (len(head) + 16))
@@ -287,6 +306,18 @@ def print_table(
         print(f"{stack:<9}{len(rounds):>6}{cells}{spread:>16}")
     print(LEGEND)
     print()
+
+
+def kind_line(results: dict[str, list[dict[str, float]]], kind: str) -> str:
+    """What a kind of handler costs against the inline fast path, as ratios of medians."""
+    ours, inline = results.get(kind), results.get("inline")
+    if not ours or not inline:
+        return f"handler {kind} vs inline: n/a"
+    return (
+        f"handler {kind} vs inline: throughput "
+        f"{median(ours, 'throughput') / median(inline, 'throughput'):.2f}, server µs/call "
+        f"{median(ours, 'throughput.server_us') / median(inline, 'throughput.server_us'):.2f}"
+    )
 
 
 def ratio_line(results: dict[str, list[dict[str, float]]], other: str) -> str:
@@ -361,6 +392,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--stacks", default=",".join(STACKS), help="comma-separated subset")
     parser.add_argument(
+        "--kinds",
+        default=",".join(HANDLERS),
+        help="pairlink handler kinds compared in a section of their own (comma-separated, "
+        "'' for none; default: all)",
+    )
+    parser.add_argument(
+        "--kind-rounds", type=int, default=3, help="rounds of each handler kind (3)"
+    )
+    parser.add_argument(
         "--pin", action="store_true", help="server on CPU 0, client on CPU 1 (default: unpinned)"
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 short round")
@@ -383,14 +423,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Child processes (benchmarks.rpc_stacks).
     parser.add_argument("--child", choices=("server", "client"), help=argparse.SUPPRESS)
     parser.add_argument("--stack", choices=STACKS, help=argparse.SUPPRESS)
+    parser.add_argument("--handler", choices=HANDLERS, default="inline", help=argparse.SUPPRESS)
     parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.warmup, args.latency_calls = 1, 0.5, 0.2, 300
+        args.kind_rounds = 1
     args.stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
     unknown = set(args.stacks) - set(STACKS)
     if unknown:
         parser.error(f"unknown stacks: {', '.join(sorted(unknown))}")
+    args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = set(args.kinds) - set(HANDLERS)
+    if unknown:
+        parser.error(f"unknown handler kinds: {', '.join(sorted(unknown))}")
     if args.profile_client:
         args.profile = True
     if args.pin and not {0, 1} <= os.sched_getaffinity(0):
@@ -417,6 +463,7 @@ def child_main(args: argparse.Namespace) -> None:
             args.latency_calls,
             args.profile_out,
             args.profile_phase,
+            HANDLERS[args.handler],
         )
     run_child(args.child, args.stack, plan, args.profile_out)
 
@@ -513,6 +560,20 @@ def main(argv: list[str] | None = None) -> int:
     print_table(results, args, time.monotonic() - started)
     print(ratio_line(results, "proton"))
     print(ratio_line(results, "grpc"))
+    if args.kinds:
+        started = time.monotonic()
+        print(f"\npairlink handler kinds ({', '.join(f'{k}: {HANDLERS[k]}' for k in args.kinds)})")
+        kinds, failed = alternate(
+            args.kinds,
+            args.kind_rounds,
+            lambda kind: run_stack("pairlink", args, pin=args.pin, handler=kind),
+            report,
+        )
+        failures += failed
+        print_table(kinds, args, time.monotonic() - started, what="handler")
+        for kind in args.kinds:
+            if kind != "inline":
+                print(kind_line(kinds, kind))
     return 1 if failures else 0
 
 

@@ -56,6 +56,8 @@ class Plan:
     profile_out: str | None = None
     """Client side: profile ``profile_phase`` into this file."""
     profile_phase: str = "throughput"
+    operation: str = "echo"
+    """The pairlink echo service's operation called: one per kind of handler."""
 
 
 class Control:
@@ -342,7 +344,8 @@ def client_pairlink(phases: Phases, port: int) -> None:
     async def main() -> None:
         async with connect(f"amqp://127.0.0.1:{port}") as conn:
             echo = await conn.service("echo")
-            await _phases(phases, functools.partial(echo.echo, PAYLOAD), _trio_run_all)
+            call = getattr(echo, phases.plan.operation)
+            await _phases(phases, functools.partial(call, PAYLOAD), _trio_run_all)
 
     trio.run(main)
 

@@ -116,8 +116,6 @@ def per_row_calls(url: str, rows: Iterable[Any]) -> Iterator[Any]:
     """A Spark task the naive way: a new blocking connection and one call for every row."""
     from framework.client import blocking
 
-    if not structlog.is_configured():  # as in call_service's tasks: warnings only
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     for row in rows:
         with blocking.connect(url) as client:
             yield client.call("enrich", "score", row, text(row))

@@ -37,7 +37,7 @@ async def main() -> None:
         print(f"serving calc at {server.url}")
         calc = await conn.service("calc")
         print("add(1, 2) =", await calc.add(1, 2))
-        print("mul(2.0, 4.0) =", await calc.call("mul", 2.0, 4.0, timeout=5))
+        print("mul(2.0, 4.0) =", await calc.options(timeout=5).call("mul", 2.0, 4.0))
         try:
             await calc.div(1, 0)
         except RemoteError as exc:

@@ -3,9 +3,11 @@
 ``pairlink call URL ADDRESS OPERATION [JSON_ARGS...]`` calls a service once and prints the
 reply as JSON; ``pairlink serve MODULE[:Class] ... --listen URL`` serves the ``@service``
 classes of those modules until Ctrl-C (or SIGTERM), then shuts them down gracefully;
-``pairlink gateway --config FILE`` runs the gateway that TOML file configures, until Ctrl-C.
+``pairlink gateway --config FILE`` runs the gateway that TOML file configures, until Ctrl-C;
+``pairlink health URL`` exits 0 if the server there is serving, else 1 (for orchestrators).
 
-Logs are structlog lines on stderr, so that stdout carries nothing but the reply of ``call``.
+Logs are structlog lines on stderr (``--log-format console|json``), so that stdout carries
+nothing but the reply of ``call``.
 """
 
 from __future__ import annotations
@@ -15,24 +17,24 @@ import functools
 import importlib
 import inspect
 import json
-import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import attrs
-import structlog
 import trio
 
 from framework.client.reply import Reply
 from framework.errors import PairlinkError, RemoteError
+from framework.io.logs import FORMATS, configure_stderr, get_logger
 from framework.rpc import wire
 from framework.rpc.deadline import wall_time
 from framework.rpc.payload import Encoding
 
-log = structlog.get_logger("pairlink.cli")
+log = get_logger("pairlink.cli")
 
 EXIT_FAILED = 1
 """The call failed (an error reply, a timeout, no connection) or the server could not start."""
@@ -79,11 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Request-response services over AMQP 1.0 paired links.",
     )
     parser.add_argument("--version", action="version", version=f"pairlink {_version()}")
-    parser.add_argument(
-        "--log-level",
-        choices=["debug", "info", "warning", "error"],
-        help="log lines on stderr from this level on (default: warning for call, info otherwise)",
-    )
+    _add_log_options(parser, default=None)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     call = commands.add_parser(
@@ -144,6 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--address", metavar="NAME", help="serve the (single) service under this address"
     )
 
+    health = commands.add_parser(
+        "health",
+        help="ask a server for its health: exit 0 if serving, else 1 (for orchestrators)",
+        description="Print the status of the server at URL (serving, draining, or why it "
+        "could not be asked) on one line; exit 0 only if it is serving.",
+    )
+    health.add_argument("url", metavar="URL", help="amqp://[user:password@]host[:port]")
+    health.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="bounds everything, connecting included (default %(default)s)",
+    )
+    health.add_argument(
+        "--service", default="", metavar="ADDRESS", help="the health of this service only"
+    )
+
     gateway = commands.add_parser(
         "gateway",
         help="run a gateway (routes between organisations) until Ctrl-C",
@@ -155,19 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the gateway's TOML config; passwords come from the variables it names",
     )
+    for subcommand in commands.choices.values():
+        _add_log_options(subcommand, default=argparse.SUPPRESS)
     return parser
 
 
-def _configure_logging(level: str) -> None:
-    """Human-readable lines on stderr (colours only on a terminal), from ``level`` on."""
-    structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level]),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+def _add_log_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """The log options, on the command and on each subcommand (``pairlink serve ...
+    --log-level debug``); a subcommand's default must be SUPPRESS, or it would erase a value
+    given before the subcommand."""
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=default,
+        help="log lines on stderr from this level on (default: warning for call and health, "
+        "info otherwise)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=default,
+        help="console: lines for people (the default); json: one JSON object a line",
     )
 
 
@@ -178,10 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command is None:
         parser.print_help()
         return 0
-    default_level = "warning" if options.command == "call" else "info"
-    _configure_logging((options.log_level or default_level).upper())
+    default_level = "warning" if options.command in ("call", "health") else "info"
+    configure_stderr(options.log_level or default_level, options.log_format or "console")
     if options.command == "call":
         return _call(options)
+    if options.command == "health":
+        return _health(options)
     if options.command == "gateway":
         return _gateway(options)
     return _serve(options, parser)
@@ -194,6 +220,12 @@ def _call(options: argparse.Namespace) -> int:
     from framework.client.client import connect
 
     async def run() -> Reply:
+        # --timeout bounds the whole command: a peer that accepts and stays silent included
+        with trio.move_on_after(options.timeout):
+            return await exchange()
+        raise TimeoutError(f"no reply within {options.timeout} s, connecting included")
+
+    async def exchange() -> Reply:
         settled = not options.unsettled
         async with connect(options.url, timeout=options.timeout, settled=settled) as client:
             encoding = ENCODINGS[options.encoding] if options.encoding else client.call_encoding
@@ -265,15 +297,19 @@ def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from framework.server.service import hosted
     from framework.server.serving import serve
 
+    sys.path.insert(0, os.getcwd())  # `serve mymodule` finds ./mymodule.py, as uvicorn does
     try:
         services: list[Any] = [found for spec in options.services for found in _load(spec)]
-        if options.address is not None:
-            if len(services) != 1:
-                parser.error(f"--address needs exactly one service, found {len(services)}")
-            services = [hosted(services[0], address=options.address)]
+        if options.address is not None and len(services) != 1:
+            parser.error(f"--address needs exactly one service, found {len(services)}")
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         parser.error(str(exc))
-    run = functools.partial(serve, *services, listen=options.listen)
+    try:  # created now: a constructor that needs arguments is one line, not a traceback
+        served = [hosted(cls, address=options.address) for cls in services]
+    except (TypeError, ValueError) as exc:
+        print(f"pairlink serve: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    run = functools.partial(serve, *served, listen=options.listen)
     try:
         trio.run(_until_signal, run)
     except (OSError, PairlinkError, ValueError) as exc:
@@ -316,24 +352,57 @@ def _is_service(value: Any) -> bool:
 
 async def _until_signal(run: Callable[[], Awaitable[None]]) -> None:
     """Run ``run()`` until it returns or SIGINT/SIGTERM arrives, then cancel it, which is the
-    services' graceful shutdown (in-flight calls are answered first)."""
+    services' graceful shutdown (in-flight calls are answered first). A second signal during
+    that shutdown exits at once (:func:`_exit_now`)."""
     failure: list[Exception] = []
+    serving = trio.CancelScope()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop() -> None:
-                try:
-                    await run()
-                except Exception as exc:  # re-raised bare below, not in an exception group
-                    failure.append(exc)
-                nursery.cancel_scope.cancel()
+                with serving:
+                    try:
+                        await run()
+                    except Exception as exc:  # re-raised bare below, not in an exception group
+                        failure.append(exc)
+                nursery.cancel_scope.cancel()  # ends the wait for signals
 
             nursery.start_soon(serve_then_stop)
             async for signum in signals:
+                if serving.cancel_called:
+                    _exit_now(signum)
                 log.info("serve.stopping", signal=signal.Signals(signum).name)
-                nursery.cancel_scope.cancel()
+                serving.cancel()
     if failure:
         raise failure[0]
+
+
+def _exit_now(signum: int) -> NoReturn:
+    """The second Ctrl-C: the user will not wait for the graceful shutdown, which may be stuck
+    in an ``on_stop`` or a handler (a thread cannot be cancelled): exit without unwinding,
+    with the shell's code for death by that signal."""
+    log.warning("serve.exit_now", signal=signal.Signals(signum).name)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+def _health(options: argparse.Namespace) -> int:
+    """One line, like grpc_health_probe: the status on stdout, or why there is none on stderr;
+    0 only for a server that is serving (draining is as good as gone to an orchestrator)."""
+    from framework.server.health import SERVING, check_health
+
+    run = functools.partial(check_health, options.url, options.service, timeout=options.timeout)
+    try:
+        status = trio.run(run)
+    except (PairlinkError, TimeoutError, OSError, ValueError) as exc:
+        print(f"pairlink health: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(status)
+    return 0 if status == SERVING else EXIT_FAILED
 
 
 # -- gateway ---------------------------------------------------------------------------------

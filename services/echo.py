@@ -16,12 +16,23 @@ from framework import handler, service
 @service("echo", max_concurrency=64)
 class Echo:
     """``echo(x)`` returns ``x``; ``sleep(seconds)`` answers after that long (a slow call, for
-    timeouts and back-pressure). Stateless, so it lets many calls run at once."""
+    timeouts and back-pressure). Stateless, so it lets many calls run at once.
+
+    ``echo_thread`` and ``echo_async`` are the same echo as the two other kinds of handler, so
+    that ``benchmarks.rpc`` can tell what each kind costs on one workload."""
+
+    @handler(inline=True)
+    def echo(self, x: Any) -> Any:
+        # inline: it runs on the event loop as soon as the request is read, without a thread
+        # or a task switch (framework.server.actor); right for a handler that never blocks
+        return x
 
     @handler
-    def echo(self, x: Any) -> Any:
-        # sync: it runs as soon as the request is read, without a task switch
-        # (framework.server.actor)
+    def echo_thread(self, x: Any) -> Any:
+        return x
+
+    @handler
+    async def echo_async(self, x: Any) -> Any:
         return x
 
     @handler

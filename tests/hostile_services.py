@@ -13,6 +13,6 @@ class BigBox:
     """An echo with a huge mailbox: it grants a caller 50,000 requests of credit at once, so
     a caller that never reads can pipeline that many without waiting for a flow."""
 
-    @handler
+    @handler(inline=True)
     def echo(self, x: Any) -> Any:
         return x

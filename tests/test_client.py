@@ -40,7 +40,7 @@ async def test_our_client_against_a_proton_paired_link_server() -> None:
         async with connect(px.url(), timeout=5) as client:
             calc = await client.service("calc")
             assert await calc.add(1, 2) == 3
-            assert await calc.call("mul", 2.0, 4.0, timeout=5) == 8.0
+            assert await calc.options(timeout=5).call("mul", 2.0, 4.0) == 8.0
             results: dict[int, int] = {}
             async with trio.open_nursery() as nursery:
                 for i in range(100):
@@ -298,7 +298,7 @@ async def test_connection_loss_fails_every_call_in_flight_at_once() -> None:
     n = 10
     async with (
         raw_server(on_request=nothing) as server,
-        connect(server.url, sasl=False, timeout=30) as client,
+        connect(server.url, sasl=False, timeout=30, reconnect=False) as client,
     ):
         errors: list[BaseException] = []
         ended: list[float] = []
@@ -448,7 +448,7 @@ async def test_a_call_right_after_a_protocol_violation_raises_connection_lost() 
     not as an engine-internal error."""
     async with (
         raw_server() as server,
-        connect(server.url, sasl=False, timeout=5) as client,
+        connect(server.url, sasl=False, timeout=5, reconnect=False) as client,
     ):
         assert await client.call("a", "echo", 1) == 1
         (peer,) = server.peers

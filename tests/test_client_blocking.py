@@ -45,7 +45,7 @@ def test_blocking_errors_are_raised_in_the_calling_thread() -> None:
             calc.missing()
         assert exc.value.status == 404
         with pytest.raises(TimeoutError):
-            calc.call("hang", timeout=0.2)
+            calc.options(timeout=0.2).call("hang")
         with pytest.raises(AttributeError):
             calc._private  # noqa: B018 - private names are not operations
     with pytest.raises(ConnectionLostError):

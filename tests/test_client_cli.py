@@ -7,11 +7,13 @@ import json
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -206,14 +208,18 @@ def test_call_property_must_be_key_equals_value(capsys: pytest.CaptureFixture[st
 
 
 class Served:
-    """``python -m framework serve ...`` (or another ``command``) in a child process, its
-    stderr read line by line."""
+    """``python -m framework serve ...`` (or another ``command``, or another ``program``: the
+    ``pairlink`` script) in a child process, its stderr read line by line."""
 
-    def __init__(self, *args: str, command: str = "serve") -> None:
+    def __init__(
+        self,
+        *args: str,
+        command: str = "serve",
+        program: Sequence[str] = (sys.executable, "-m", "framework"),
+        cwd: Path | None = None,
+    ) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "framework", command, *args],
-            stderr=subprocess.PIPE,
-            text=True,
+            [*program, command, *args], stderr=subprocess.PIPE, text=True, cwd=cwd
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
@@ -240,6 +246,13 @@ class Served:
         match = re.search(r"url=(amqps?://\S+)", self.wait_for(event))
         assert match is not None
         return match.group(1)
+
+    def all_lines(self) -> list[str]:
+        """Every line the process wrote to stderr, once it has ended."""
+        self._reader.join(5)  # it ends at the EOF of a finished process
+        while not self.lines.empty():
+            self.seen.append(self.lines.get())
+        return self.seen
 
     def interrupt(self, signum: int = signal.SIGINT) -> int:
         self.process.send_signal(signum)
@@ -303,3 +316,23 @@ def test_serve_on_a_port_in_use_exits_1(capsys: pytest.CaptureFixture[str]) -> N
 def test_call_with_a_bad_url_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["call", "http://127.0.0.1:1", "echo", "echo", "1"]) == 1
     assert "scheme must be amqp" in capsys.readouterr().err
+
+
+def test_call_timeout_bounds_connecting_to_a_silent_peer(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A peer that accepts the connection and never says a word (not even AMQP's header)."""
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        accepted: list[socket.socket] = []
+        acceptor = threading.Thread(target=lambda: accepted.append(silent.accept()[0]))
+        acceptor.start()
+        url = f"amqp://127.0.0.1:{silent.getsockname()[1]}"
+        start = time.monotonic()
+        assert main(["call", url, "echo", "echo", "1", "--timeout", "1"]) == 1
+        elapsed = time.monotonic() - start
+        acceptor.join(5)
+        for conn in accepted:
+            conn.close()
+    assert accepted  # it did accept: the time went waiting for its answer
+    assert 1 <= elapsed < 3  # not the 30 s connect timeout
+    assert "TimeoutError" in capsys.readouterr().err

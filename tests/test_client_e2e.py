@@ -16,6 +16,7 @@ from framework.client import blocking
 from framework.errors import ConnectionLostError, RemoteError
 from framework.rpc import deadline
 from framework.server.serving import Server
+from framework.spark import serve_in_thread
 from services.echo import Echo
 from tests.service_peers import wait_for
 
@@ -115,7 +116,7 @@ async def test_slow_handler_beyond_the_timeout(io_clock: trio.testing.MockClock)
         echo = await client.service("echo")
         start = trio.current_time()
         with pytest.raises(TimeoutError):
-            await echo.sleep(2, timeout=0.3)
+            await echo.options(timeout=0.3).sleep(2)
         assert trio.current_time() - start == pytest.approx(0.3)
         assert await echo.echo("still serving") == "still serving"
 
@@ -181,7 +182,7 @@ async def test_connection_cut_mid_call_fails_the_calls_then_reconnects(
 
             async def slow() -> None:
                 try:  # the service ends the handlers at this deadline: it has no one to answer
-                    await echo.sleep(5, timeout=1.5)
+                    await echo.options(timeout=1.5).sleep(5)
                 except ConnectionLostError as exc:
                     failures.append(exc)
 
@@ -226,7 +227,121 @@ def test_blocking_client_against_our_service() -> None:
             echo = client.service("echo")
             assert [echo.echo(i) for i in range(10)] == list(range(10))
             with pytest.raises(TimeoutError):
-                echo.sleep(1, timeout=0.1)
+                echo.options(timeout=0.1).sleep(1)
     finally:
         trio.from_thread.run_sync(box["stop"].set, trio_token=box["token"])
         thread.join(10)
+
+
+# -- reconnection by default -----------------------------------------------------------------
+
+
+async def _free_port() -> int:
+    """A port nothing listens on now (bound to port 0, then let go): a server's, to restart on."""
+    (listener,) = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port: int = listener.socket.getsockname()[1]
+    await listener.aclose()
+    return port
+
+
+async def _serve_until(
+    url: str, stop: trio.Event, *, task_status: trio.TaskStatus[trio.Event]
+) -> None:
+    """Serve Echo at ``url`` until ``stop``; started with the event set once it has stopped."""
+    stopped = trio.Event()
+    try:
+        async with open_server(Echo, listen=url, grace=1):
+            task_status.started(stopped)
+            await stop.wait()
+    finally:
+        stopped.set()
+
+
+@pytest.mark.parametrize("by_default", [True, False], ids=["default", "reconnect-off"])
+async def test_a_server_restarted_on_its_port_is_called_again_by_default(
+    by_default: bool,
+) -> None:
+    url = f"amqp://127.0.0.1:{await _free_port()}"
+    first, second = trio.Event(), trio.Event()
+    async with trio.open_nursery() as nursery:
+        stopped = await nursery.start(_serve_until, url, first)
+        client_context = (
+            connect(url, timeout=10, retry_delay=0.05)
+            if by_default
+            else connect(url, timeout=10, retry_delay=0.05, reconnect=False)
+        )
+        async with client_context as client:
+            echo = await client.service("echo")
+            assert await echo.echo(1) == 1
+            first.set()  # the server stops, closing its connections
+            await stopped.wait()
+            await client.wait_connection_lost()
+            await nursery.start(_serve_until, url, second)  # on the same port
+            if by_default:
+                assert await echo.echo(2) == 2  # the same client, the same proxy
+            else:
+                with pytest.raises(ConnectionLostError):
+                    await echo.echo(2)
+        second.set()
+
+
+# -- options travel apart from the operation's keywords ------------------------------------
+
+
+@service("keywords", dedup_window=60)
+class Keywords:
+    """An operation whose parameters bear the names of call options."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    @handler
+    async def kw(
+        self,
+        x: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - an ordinary parameter here
+        encoding: str | None = None,
+        message_id: str | None = None,
+        kwargs: dict[str, int] | None = None,
+    ) -> list[Any]:
+        self.runs += 1
+        return [x, timeout, encoding, message_id, kwargs]
+
+
+NAMED_LIKE_OPTIONS = {"timeout": 5, "encoding": "utf-8", "message_id": "m-1"}
+
+
+async def test_a_proxy_passes_every_keyword_to_the_operation() -> None:
+    served_keywords = Keywords()
+    async with served(served_keywords) as server, connect(server.url, timeout=5) as client:
+        proxy = await client.service("keywords")
+        assert await proxy.kw(1, **NAMED_LIKE_OPTIONS) == [1, 5, "utf-8", "m-1", None]
+        assert await proxy.call("kw", 2, **NAMED_LIKE_OPTIONS, kwargs={"a": 1}) == [
+            2, 5, "utf-8", "m-1", {"a": 1}
+        ]  # fmt: skip
+        # Client.call: its own keywords are options, the kwargs mapping the operation's
+        assert await client.call("keywords", "kw", 3, timeout=5) == [3, None, None, None, None]
+        got = await client.call("keywords", "kw", 4, kwargs={**NAMED_LIKE_OPTIONS, "kwargs": {}})
+        assert got == [4, 5, "utf-8", "m-1", {}]
+        with pytest.raises(TypeError, match="given twice: x"):
+            await client.call("keywords", "kw", kwargs={"x": 1}, x=2)
+        # the options go on a copy of the proxy: a timeout, a message-id that dedup recognises
+        with pytest.raises(TimeoutError):
+            await proxy.options(timeout=0).kw(5)
+        once = proxy.options(message_id="same")
+        runs = served_keywords.runs
+        assert [await once.kw(6) for _ in range(2)] == [[6, None, None, None, None]] * 2
+        assert served_keywords.runs == runs + 1  # the repeat was answered from the stored reply
+        assert await proxy.kw(7) == [7, None, None, None, None]  # the original is unchanged
+
+
+def test_a_blocking_proxy_passes_every_keyword_to_the_operation() -> None:
+    with (
+        serve_in_thread(Keywords(), listen="amqp://127.0.0.1:0") as server,
+        blocking.connect(server.url, timeout=5) as client,
+    ):
+        proxy = client.service("keywords", timeout=5)
+        assert proxy.kw(1, **NAMED_LIKE_OPTIONS) == [1, 5, "utf-8", "m-1", None]
+        assert proxy.options(timeout=3).call("kw", 2, timeout=4) == [2, 4, None, None, None]
+        got = client.call("keywords", "kw", 3, kwargs=NAMED_LIKE_OPTIONS, timeout=5)
+        assert got == [3, 5, "utf-8", "m-1", None]

@@ -202,7 +202,7 @@ def test_the_blocking_client_and_proxies_pass_the_message_id_on() -> None:
         blocking.connect(server.url, timeout=5) as client,
     ):
         assert client.call("ledger", "add", "a", 1, message_id="m") == 2
-        assert client.service("ledger").call("add", "a", 1, message_id="m") == 2
+        assert client.service("ledger").options(message_id="m").call("add", "a", 1) == 2
     assert ledger.runs == {"a": 1}
 
 
@@ -213,5 +213,6 @@ async def test_the_async_proxy_passes_the_message_id_on() -> None:
         connect(server.url) as client,
     ):
         proxy = await client.service("ledger")
-        assert [await proxy.call("add", "p", 4, message_id="p") for _ in range(2)] == [8, 8]
+        proxy = proxy.options(message_id="p")
+        assert [await proxy.call("add", "p", 4) for _ in range(2)] == [8, 8]
     assert ledger.runs == {"p": 1}

@@ -1,4 +1,5 @@
-"""The examples run as the README says: smallest script, and the main job on a small scale."""
+"""The examples run as the README says: smallest script, and the main job on a small scale;
+their services tested as users test theirs, in memory (``framework.testing``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from examples.calc import Calculator
+from framework import RemoteError
+from framework.testing import serve_in_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +28,16 @@ def test_the_calculator_example_runs() -> None:
     assert done.returncode == 0, done.stderr
     assert "add(1, 2) = 3" in done.stdout.splitlines()
     assert "div(1, 0) failed remotely: status 500, ZeroDivisionError" in done.stdout
+
+
+async def test_the_calculator_answers_in_memory() -> None:
+    async with serve_in_memory(Calculator) as client:
+        calc = await client.service("calc")
+        assert await calc.add(1, 2) == 3
+        assert await calc.call("mul", 2.0, 4.0) == 8.0
+        with pytest.raises(RemoteError) as caught:
+            await calc.div(1, 0)
+        assert (caught.value.status, caught.value.type) == (500, "ZeroDivisionError")
 
 
 @pytest.mark.spark

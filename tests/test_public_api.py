@@ -29,7 +29,7 @@ async def test_the_readme_example() -> None:
     ):
         calc = await conn.service("calc")
         assert await calc.add(1, 2) == 3
-        assert await calc.call("mul", 2.0, 4.0, timeout=5) == 8.0
+        assert await calc.options(timeout=5).call("mul", 2.0, 4.0) == 8.0
         with pytest.raises(RemoteError) as exc:
             await calc.call("div", 1, 0)
         assert exc.value.status == 404

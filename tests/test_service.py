@@ -56,9 +56,17 @@ class Svc:
     def upper(self, text: str) -> str:
         return text.upper()
 
-    @handler(blocking=True)
-    def in_thread(self) -> bool:
-        return threading.current_thread() is not threading.main_thread()
+    @handler
+    def thread_of_def(self) -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+    @handler(inline=True)
+    def thread_of_inline(self) -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+    @handler
+    async def thread_of_async(self) -> bool:
+        return threading.current_thread() is threading.main_thread()
 
     @handler
     async def fail(self) -> None:
@@ -169,9 +177,12 @@ async def test_a_result_that_cannot_be_encoded_is_an_undisclosed_500(client: Cli
     assert entry["ref"] == exc.value.ref and "Unencodable" in entry["error"]
 
 
-async def test_sync_handlers_run_inline_and_blocking_ones_in_a_thread(client: Client) -> None:
+async def test_a_plain_def_runs_in_a_thread_unless_inline(client: Client) -> None:
+    """The event loop runs in the main thread here: "True" means "on the event loop"."""
     assert await client.call("svc", "upper", "hi") == "HI"
-    assert await client.call("svc", "in_thread") is True
+    assert await client.call("svc", "thread_of_def") is False
+    assert await client.call("svc", "thread_of_inline") is True
+    assert await client.call("svc", "thread_of_async") is True
 
 
 async def test_the_handler_runs_under_the_request_deadline(

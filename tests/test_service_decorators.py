@@ -19,9 +19,13 @@ class Calc:
     def multiply(self, a: float, b: float) -> float:
         return a * b
 
-    @handler(blocking=True)
+    @handler
     def slow(self, *values: int, scale: int) -> int:
         return sum(values) * scale
+
+    @handler(inline=True)
+    def neg(self, a: int) -> int:
+        return -a
 
     def helper(self) -> None:
         """Not a handler: not an operation."""
@@ -35,7 +39,7 @@ def test_operations_modes_and_limits_are_recorded() -> None:
     assert spec.address == "calc" and spec.max_concurrency == 2 and spec.mailbox == 8
     assert spec.pairing is True
     modes = {name: op.mode for name, op in spec.operations.items()}
-    assert modes == {"add": "async", "mul": "sync", "slow": "blocking"}
+    assert modes == {"add": "async", "mul": "thread", "slow": "thread", "neg": "inline"}
     assert spec_of(Calc()) is spec
 
 
@@ -186,12 +190,37 @@ def test_generators_are_refused() -> None:
                 yield 1
 
 
-def test_blocking_async_handler_is_refused() -> None:
-    with pytest.raises(TypeError, match=r"Blk\.f is async: blocking=True is for sync"):
+def test_inline_async_handler_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"Inl\.f is async: inline=True is for plain def"):
+
+        class Inl:
+            @handler(inline=True)
+            async def f(self) -> None: ...
+
+
+def test_blocking_is_a_deprecated_way_to_say_thread() -> None:
+    with pytest.deprecated_call(match=r"blocking=True\) is deprecated"):
+
+        @service("old")
+        class Old:
+            @handler(blocking=True)
+            def f(self) -> None: ...
+
+    assert spec_of(Old).operations["f"].mode == "thread"
+
+
+def test_blocking_async_or_inline_handler_is_refused() -> None:
+    with (
+        pytest.deprecated_call(),
+        pytest.raises(TypeError, match=r"Blk\.f is async: blocking=True was for plain def"),
+    ):
 
         class Blk:
             @handler(blocking=True)
             async def f(self) -> None: ...
+
+    with pytest.raises(TypeError, match=r"inline=True and blocking=True contradict"):
+        handler(inline=True, blocking=True)
 
 
 def test_duplicate_operation_names_name_both_functions() -> None:

@@ -287,4 +287,4 @@ async def test_echo_service_echoes_and_sleeps(io_clock: trio.testing.MockClock) 
         assert await echo.sleep(0.01) is None
         assert trio.current_time() - start == pytest.approx(0.01)
         with pytest.raises(TimeoutError):
-            await echo.call("sleep", 5, timeout=0.1)
+            await echo.options(timeout=0.1).call("sleep", 5)

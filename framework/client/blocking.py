@@ -20,17 +20,17 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
-import structlog
 import trio
 
 from framework.amqp.messaging import BodyKind
 from framework.client import client as aio
 from framework.client.reply import Reply
 from framework.errors import ConnectionLostError
+from framework.io.logs import get_logger
 from framework.io.threads import TrioThread, start_trio_thread
 from framework.rpc.payload import Encoding
 
-log = structlog.get_logger("pairlink.blocking")
+log = get_logger("pairlink.blocking")
 
 CLOSE_TIMEOUT = 10.0
 
@@ -136,9 +136,12 @@ class Client:
         timeout: float | None = None,
         encoding: Encoding | None = None,
         message_id: str | None = None,
-        **kwargs: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        **keywords: Any,
     ) -> Any:
-        """``Client.call`` of the async client, blocking until the reply (or the error)."""
+        """``Client.call`` of the async client, blocking until the reply (or the error); the
+        same options, and the same ``kwargs`` mapping for an operation's keywords that bear
+        their names."""
         return self._run(
             lambda client: client.call(
                 address,
@@ -147,7 +150,8 @@ class Client:
                 timeout=timeout,
                 encoding=encoding,
                 message_id=message_id,
-                **kwargs,
+                kwargs=kwargs,
+                **keywords,
             )
         )
 
@@ -182,10 +186,12 @@ class Client:
             )
         )
 
-    def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
+    def service(
+        self, address: str, *, timeout: float | None = None, encoding: Encoding | None = None
+    ) -> ServiceProxy:
         """A blocking proxy for the service at ``address`` (see the async ``service``)."""
-        self._run(lambda client: client.service(address, encoding=encoding))
-        return ServiceProxy(self, address, encoding)
+        self._run(lambda client: client.service(address))
+        return ServiceProxy(self, address, aio.CallOptions(timeout=timeout, encoding=encoding))
 
     def close(self) -> None:
         """Close this process's connection; idempotent. In a forked child that never used
@@ -212,30 +218,38 @@ class Client:
 
 
 class ServiceProxy:
-    """Blocking calls to one service: ``proxy.call("add", 1, 2)`` or ``proxy.add(1, 2)``."""
+    """Blocking calls to one service: ``proxy.add(1, 2)`` or ``proxy.call("add", 1, 2)``;
+    every keyword goes to the operation, the options travel apart as in the async proxy:
+    ``proxy.options(timeout=5).add(1, 2)``."""
 
-    def __init__(self, client: Client, address: str, encoding: Encoding | None) -> None:
+    def __init__(self, client: Client, address: str, call_options: aio.CallOptions) -> None:
         self.client = client
         self.address = address
-        self.encoding = encoding
+        self.call_options = call_options
 
-    def call(
+    def options(
         self,
-        operation: str,
-        /,
-        *args: Any,
+        *,
         timeout: float | None = None,
+        encoding: Encoding | None = None,
         message_id: str | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    ) -> ServiceProxy:
+        """A proxy for the same service whose calls have these options (None: this
+        proxy's)."""
+        changed = self.call_options.evolve(timeout, encoding, message_id)
+        return ServiceProxy(self.client, self.address, changed)
+
+    def call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``operation`` with these arguments, all of them the operation's."""
+        options = self.call_options
         return self.client.call(
             self.address,
             operation,
             *args,
-            timeout=timeout,
-            encoding=self.encoding,
-            message_id=message_id,
-            **kwargs,
+            timeout=options.timeout,
+            encoding=options.encoding,
+            message_id=options.message_id,
+            kwargs=kwargs,
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Any]:

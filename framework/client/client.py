@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-import structlog
+import attrs
 import trio
 
 from framework.amqp import errors as conditions
@@ -47,6 +47,7 @@ from framework.errors import (
 from framework.io import net
 from framework.io.backoff import jittered_backoff
 from framework.io.connection import AmqpConnection
+from framework.io.logs import get_logger
 from framework.io.taskgroups import body_errors_unwrapped
 from framework.rpc import deadline, wire
 from framework.rpc.linkpair import (
@@ -55,7 +56,7 @@ from framework.rpc.linkpair import (
 )
 from framework.rpc.payload import Encoding
 
-log = structlog.get_logger("pairlink.client")
+log = get_logger("pairlink.client")
 
 T = TypeVar("T")
 
@@ -79,6 +80,7 @@ class Client:
         max_retry_delay: float,
         ssl_context: ssl.SSLContext | None,
         config: dict[str, Any],
+        connector: net.Connector | None = None,
     ) -> None:
         if reply_credit < 2:
             raise ValueError("reply_credit must be at least 2 (it is replenished by halves)")
@@ -94,6 +96,7 @@ class Client:
         self.late_replies = 0
         """Replies that came after their caller gave up (timeout, cancellation): dropped."""
         self._ssl_context = ssl_context
+        self._connector = connector
         desired = [LINK_PAIR_V1_0, *config.pop("desired_capabilities", ())]
         self._config = {**config, "desired_capabilities": desired}
         self._nursery = nursery
@@ -164,6 +167,7 @@ class Client:
                 self.url,
                 ssl_context=self._ssl_context,
                 connect_timeout=self.connect_timeout,
+                connector=self._connector,
                 **self._config,
             ) as amqp:
                 session = amqp.session  # begun now: it leaves in the same write as our open
@@ -241,9 +245,15 @@ class Client:
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
         encoding: Encoding | None = None,
         message_id: str | None = None,
-        **kwargs: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        **keywords: Any,
     ) -> Any:
         """Call ``operation`` of the service at ``address``; returns its reply's value.
+
+        The keywords ``timeout``, ``encoding``, ``message_id`` and ``kwargs`` are this call's
+        options; every other keyword goes to the operation. An operation's own keyword of one
+        of those four names goes in the ``kwargs`` mapping (or through a proxy, whose keywords
+        all go to the operation): ``call("svc", "wait", kwargs={"timeout": 5})``.
 
         ``timeout`` (default: the connection's; ``math.inf`` for none) is cut to what is left
         of the deadline of the call this task is serving, if any, and travels with the request.
@@ -254,8 +264,12 @@ class Client:
         Raises ``RemoteError`` when the service answers with a failure, ``TimeoutError``,
         ``ConnectionLostError``, or ``LinkDetachedError`` when the peer refused the link.
         """
+        if kwargs:
+            if twice := keywords.keys() & kwargs.keys():
+                raise TypeError(f"keyword arguments given twice: {', '.join(sorted(twice))}")
+            keywords = {**kwargs, **keywords}
         deadline_at = self._deadline_at(address, operation, timeout)
-        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        call = (operation, args, keywords, deadline_at, encoding or self.encoding, self.settled)
         return await self._on_pair(
             address, operation, deadline_at, lambda pair: pair.call(*call, message_id)
         )
@@ -346,7 +360,7 @@ class Client:
         # LP-10: the service had no room for the pipelined first request and detached the
         # pair before granting it any credit, so none of its requests reached the service:
         # send this one again on a pair that waits for credit
-        log.debug("call.no_room", address=address, operation=label)
+        pair.log.debug("call.no_room", operation=label)  # its conn, link and address
         pair = await self._pair_by(address, label, deadline_at)
         if not pair.granted:
             pair.fresh = False
@@ -361,18 +375,25 @@ class Client:
             raise TimeoutError(f"{address}.{label}: no connection within the deadline")
         return pair
 
-    async def service(self, address: str, *, encoding: Encoding | None = None) -> ServiceProxy:
-        """A proxy for the service at ``address``. On a peer that offers pairing nothing is
-        sent yet: the pair is attached together with the first call (LP-10). Otherwise the
-        classic links are set up now (one round trip for the dynamic reply address), within
-        the connection's timeout."""
+    async def service(
+        self,
+        address: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the default deadline of its calls
+        encoding: Encoding | None = None,
+    ) -> ServiceProxy:
+        """A proxy for the service at ``address``; ``timeout`` and ``encoding`` are its
+        calls' options (default: the connection's). On a peer that offers pairing nothing
+        is sent yet: the pair is attached together with the first call (LP-10). Otherwise
+        the classic links are set up now (one round trip for the dynamic reply address),
+        within the connection's timeout."""
         with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
             conn = await self._live()
             if not conn.paired:
                 await self._pair(address)
         if scope.cancelled_caught:
             raise TimeoutError(f"{address}: not ready within {self.timeout} s")
-        return ServiceProxy(self, address, encoding or self.encoding)
+        return ServiceProxy(self, address, CallOptions(timeout=timeout, encoding=encoding))
 
     async def aclose(self) -> None:
         """Close the connection politely; calls still in flight fail with
@@ -384,36 +405,69 @@ class Client:
             await self._conn.amqp.close()
 
 
-class ServiceProxy:
-    """Calls to one service: ``await proxy.call("add", 1, 2)`` or ``await proxy.add(1, 2)``.
+@attrs.frozen
+class CallOptions:
+    """A proxy's options for its calls, kept apart from the operation's keyword arguments
+    (an operation may well have a parameter named ``timeout``). None: the client's."""
 
-    The keywords ``timeout`` and ``message_id`` belong to the call itself (and ``encoding`` to
-    ``Client.call``): an operation's own parameters of those names can only be passed by
-    position.
+    timeout: float | None = None
+    """Seconds (``math.inf``: none), as ``Client.call``'s ``timeout``."""
+    encoding: Encoding | None = None
+    message_id: str | None = None
+    """The same id for each call: a repeated call that a deduplicating service recognises."""
+
+    def evolve(
+        self,
+        timeout: float | None,
+        encoding: Encoding | None,
+        message_id: str | None,
+    ) -> CallOptions:
+        """These options with the ones given (not None) replaced."""
+        return CallOptions(
+            timeout=self.timeout if timeout is None else timeout,
+            encoding=self.encoding if encoding is None else encoding,
+            message_id=self.message_id if message_id is None else message_id,
+        )
+
+
+class ServiceProxy:
+    """Calls to one service: ``await proxy.add(1, 2)`` or ``await proxy.call("add", 1, 2)``.
+
+    Every keyword goes to the operation. The call's options travel apart: set for the
+    proxy (``client.service("calc", timeout=5)``) or for some calls, on a copy:
+    ``await proxy.options(timeout=5, message_id="job-7").add(1, 2)``. The names ``call``,
+    ``options``, ``client``, ``address`` and ``call_options`` are the proxy's own: an
+    operation of one of those names is called as ``proxy.call("options", ...)``.
     """
 
-    def __init__(self, client: Client, address: str, encoding: Encoding | None) -> None:
+    def __init__(self, client: Client, address: str, call_options: CallOptions) -> None:
         self.client = client
         self.address = address
-        self.encoding = encoding
+        self.call_options = call_options
 
-    async def call(
+    def options(
         self,
-        operation: str,
-        /,
-        *args: Any,
-        timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
+        *,
+        timeout: float | None = None,
+        encoding: Encoding | None = None,
         message_id: str | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    ) -> ServiceProxy:
+        """A proxy for the same service whose calls have these options (None: this
+        proxy's)."""
+        changed = self.call_options.evolve(timeout, encoding, message_id)
+        return ServiceProxy(self.client, self.address, changed)
+
+    async def call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``operation`` with these arguments, all of them the operation's."""
+        options = self.call_options
         return await self.client.call(
             self.address,
             operation,
             *args,
-            timeout=timeout,
-            encoding=self.encoding,
-            message_id=message_id,
-            **kwargs,
+            timeout=options.timeout,
+            encoding=options.encoding,
+            message_id=options.message_id,
+            kwargs=kwargs,
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Awaitable[Any]]:
@@ -431,28 +485,34 @@ async def connect(
     *,
     timeout: float | None = 30.0,  # noqa: ASYNC109 - the default deadline of each call
     settled: bool = True,
-    reconnect: bool = False,
+    reconnect: bool = True,
     encoding: Encoding | None = None,
     reply_credit: int = 1000,
     connect_timeout: float = 30.0,
     retry_delay: float = 0.1,
     max_retry_delay: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
+    connector: net.Connector | None = None,
     **config: Any,
 ) -> AsyncIterator[Client]:
     """Connect to the container at ``amqp[s]://[user:password@]host[:port]``.
 
     ``timeout``: default per-call timeout in seconds (None: none). ``settled``: requests go
     pre-settled (the reply is the acknowledgement); False sends them unsettled and checks the
-    service's disposition. ``reconnect``: once the connection is lost, new calls reconnect
-    with jittered exponential backoff from ``retry_delay`` up to ``max_retry_delay`` seconds
-    (calls in flight at the loss fail: a request may have been executed, only the caller can
-    know whether repeating it is safe). ``encoding``: the request body of every call that
-    names none; by default pairlink's envelope when the peer offers ``pairlink:call-envelope``
-    (a pairlink container or gateway), else an ``amqp-value`` any AMQP server reads (README,
-    "Message bodies"). ``reply_credit``: replies the service may send before we grant more.
-    ``config``: engine settings (``container_id``, ``idle_timeout``, ``sasl``).
-    Raises at once if the first connection fails.
+    service's disposition. ``reconnect`` (default, as gRPC channels and Proton containers
+    do): once the connection is lost, new calls reconnect with jittered exponential backoff
+    from ``retry_delay`` up to ``max_retry_delay`` seconds, each waiting within its own
+    deadline (a restarted server is found again); calls in flight at the loss fail (a
+    request may have been executed, only the caller can know whether repeating it is
+    safe). ``reconnect=False``: after a loss every call fails with ``ConnectionLostError``.
+    ``encoding``: the request body of every call that names none; by default pairlink's
+    envelope when the peer offers ``pairlink:call-envelope`` (a pairlink container or
+    gateway), else an ``amqp-value`` any AMQP server reads (README, "Message bodies").
+    ``reply_credit``: replies the service may send before we grant more. ``connector``: opens
+    each connection's stream instead of TCP to the URL (``framework.testing`` connects over
+    in-memory streams with it; the URL still names the host for SASL). ``config``: engine
+    settings (``container_id``, ``idle_timeout``, ``sasl``). Raises at once if the first
+    connection fails.
     """
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
@@ -469,6 +529,7 @@ async def connect(
                 max_retry_delay=max_retry_delay,
                 ssl_context=ssl_context,
                 config=config,
+                connector=connector,
             )
             try:
                 async with body:

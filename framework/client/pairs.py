@@ -305,7 +305,7 @@ class CallPair(LinkOwner):
             return call.reply, outcome
         if call.error is not None:
             raise call.error
-        self.log.debug("call.timeout", correlation_id=call_id, operation=label)
+        self.log.debug("call.timeout", message_id=call_id, operation=label)
         raise TimeoutError(f"{self.address}.{label}: no reply within the deadline")
 
     async def _send_then_wait(self, call: Call, message: bytes, presume: bool) -> None:

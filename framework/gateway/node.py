@@ -17,7 +17,6 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import structlog
 import trio
 
 from framework.amqp.errors import (
@@ -34,10 +33,11 @@ from framework.gateway.routing import RoutingRelay
 from framework.gateway.upstream import Upstream
 from framework.io.connection import AmqpConnection
 from framework.io.listener import Listener, listen
+from framework.io.logs import get_logger
 from framework.rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
 from framework.rpc.wire import CALL_ENVELOPE
 
-log = structlog.get_logger("pairlink.gateway")
+log = get_logger("pairlink.gateway")
 
 
 class Downstream:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
-import structlog
 import trio
 
 from framework.amqp.errors import DETACH_FORCED, INTERNAL_ERROR, PRECONDITION_FAILED
@@ -28,9 +27,10 @@ from framework.gateway.relay import Hop
 from framework.gateway.upstream import Upstream, UpstreamUnavailable
 from framework.io.connection import AmqpConnection
 from framework.io.links import LinkEnd, LinkOwner
+from framework.io.logs import get_logger
 from framework.rpc.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
 
-log = structlog.get_logger("pairlink.gateway")
+log = get_logger("pairlink.gateway")
 
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import deque
 
 import attrs
-import structlog
 import trio
 
 from framework.amqp.errors import DecodeError
@@ -31,8 +30,9 @@ from framework.amqp.link import Delivery
 from framework.amqp.messaging import Modified, Released, with_ttl_reduced
 from framework.errors import PairlinkError
 from framework.io.links import LinkEnd
+from framework.io.logs import get_logger
 
-log = structlog.get_logger("pairlink.gateway")
+log = get_logger("pairlink.gateway")
 
 
 @attrs.define
@@ -102,7 +102,7 @@ class Hop:
             payload = with_ttl_reduced(payload, int(waited * 1000))
             sent = out.conn.send(out.link, payload, settled=delivery.settled)
         except (DecodeError, PairlinkError) as exc:
-            log.warning("relay.unforwardable", link=out.link.name, error=str(exc))
+            log.warning("relay.unforwardable", conn=out.conn.id, link=out.link.name, error=str(exc))
             self._settle_inbound(delivery, Modified(delivery_failed=True, undeliverable_here=True))
             return
         if not delivery.settled:

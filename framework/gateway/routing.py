@@ -13,8 +13,6 @@ the node's request link is detached with that error instead (Anonymous Terminus 
 
 from __future__ import annotations
 
-import structlog
-
 from framework.amqp.errors import (
     INVALID_FIELD,
     NOT_FOUND,
@@ -36,9 +34,10 @@ from framework.gateway.pairs import (
 )
 from framework.gateway.relay import Hop
 from framework.io.links import LinkEnd
+from framework.io.logs import get_logger
 from framework.rpc.linkpair import PairHalf, paired_properties
 
-log = structlog.get_logger("pairlink.gateway")
+log = get_logger("pairlink.gateway")
 
 ROUTING_CREDIT = 100
 

@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
-import structlog
 import trio
 
 from framework.amqp.session import Session, SessionState
@@ -31,9 +30,10 @@ from framework.io import net
 from framework.io.backoff import jittered_backoff
 from framework.io.connection import AmqpConnection
 from framework.io.limits import Limits
+from framework.io.logs import get_logger
 from framework.rpc.linkpair import LINK_PAIR_V1_0, offers_pairing
 
-log = structlog.get_logger("pairlink.gateway")
+log = get_logger("pairlink.gateway")
 
 RETRY_DELAY = 0.1
 MAX_RETRY_DELAY = 5.0

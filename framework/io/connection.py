@@ -24,7 +24,6 @@ import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import structlog
 import trio
 
 from framework.amqp import errors as conditions
@@ -56,8 +55,9 @@ from framework.errors import (
     MessageTooLargeError,
     new_ref,
 )
+from framework.io.logs import get_logger
 
-log = structlog.get_logger("pairlink.transport")
+log = get_logger("pairlink.transport")
 
 READ_SIZE = 1 << 16
 FEED_SLICE = 1 << 12
@@ -445,7 +445,7 @@ class AmqpConnection:
 
     def _on_attach_requested(self, event: LinkAttachRequested) -> None:
         link = event.link
-        self.log.debug("link.requested", name=link.name, role=link.role)
+        self.log.debug("link.requested", link=link.name, role=link.role)
         if self.on_attach is None:
             self.refuse(link, Error(conditions.NOT_ALLOWED, "this container accepts no links"))
         else:

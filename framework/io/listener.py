@@ -7,22 +7,28 @@ reply routes, the gateway's relayed pairs): the listener makes it once the conne
 open, before the connection's first attach is answered, routes that connection's attaches
 to it, and tells it once when the connection ends, so neither servers nor gateways track
 connections themselves.
+
+A listener serves any Trio byte stream the same way (:meth:`Listener.serve_stream`), and
+:meth:`Listener.open_stream` connects to it over an in-memory one: a listener made with no URL
+opens no socket at all, for tests (:mod:`framework.testing`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import resource
 import ssl
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
-import structlog
 import trio
+import trio.testing
 
 from framework.amqp.connection import ConnectionConfig
 from framework.amqp.link import Link
@@ -30,10 +36,15 @@ from framework.amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
 from framework.errors import AuthenticationError, ConnectionLostError
 from framework.io.connection import MAX_OUTGOING_BYTES, AmqpConnection
 from framework.io.login_throttle import LoginThrottle
+from framework.io.logs import get_logger
 from framework.io.net import AmqpUrl, open_connection
 from framework.io.taskgroups import body_errors_unwrapped
 
-log = structlog.get_logger("pairlink.transport")
+log = get_logger("pairlink.transport")
+
+IN_MEMORY_URL = "amqp://in-memory"
+"""The URL of a listener that opens no socket: what its clients give ``connect`` beside the
+listener's :meth:`~Listener.open_stream` (the host is only named in their open and SASL)."""
 
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds a listener gives a new connection to finish its handshake (TLS, protocol header,
@@ -61,11 +72,36 @@ class Listener(Generic[H]):
 
     url: str
     port: int
+    """The port listened on; 0 for a listener that opens no socket."""
     _accept: Callable[[AmqpConnection], H]
+    _admit: Callable[[trio.abc.Stream, str, str], Awaitable[None]]
+    """Serves one stream (from ``host``, as ``peer``) with the listener's limits."""
+    _nursery: trio.Nursery
     connections: set[AmqpConnection] = attrs.field(factory=set)
     """Every connection, those still in their handshake too."""
     handlers: dict[AmqpConnection, H] = attrs.field(factory=dict)
     """The open connections' handlers, until each has been told ``on_closed``."""
+    _in_memory: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
+
+    async def serve_stream(self, stream: trio.abc.Stream, *, peer: str, host: str = "") -> None:
+        """Serve one AMQP connection over ``stream`` until it ends, as if the listener had
+        accepted it: the same limits, handshake, SASL and handler (``host``, default ``peer``,
+        is the address failed logins are counted against). Closes the stream."""
+        await self._admit(stream, host or peer, peer)
+
+    async def open_stream(self) -> trio.abc.Stream:
+        """A new connection to this listener over an in-memory stream, no socket: the end
+        to speak AMQP over (a :data:`framework.io.net.Connector` for ``connect``); the other
+        end is served in the listener's task group until either side closes.
+        ``ConnectionLostError`` once the listener has closed, as a refused connection."""
+        await trio.lowlevel.checkpoint()
+        ours, theirs = trio.testing.memory_stream_pair()
+        peer = f"memory-{next(self._in_memory)}"
+        try:
+            self._nursery.start_soon(functools.partial(self.serve_stream, theirs, peer=peer))
+        except RuntimeError:  # the nursery is closed to new arrivals
+            raise ConnectionLostError(f"{self.url}: the listener has closed") from None
+        return ours
 
     def on_attach(self, conn: AmqpConnection, link: Link) -> None:
         """The ``OnAttach`` the listener gives each of its connections: ``link`` goes to the
@@ -96,7 +132,7 @@ class Listener(Generic[H]):
 
 @asynccontextmanager
 async def listen(
-    url: str,
+    url: str | None,
     *,
     accept: Callable[[AmqpConnection], H],
     users: dict[str, str] | None = None,
@@ -112,7 +148,9 @@ async def listen(
     certificate_users: Collection[str] | None = None,
     **config: Any,
 ) -> AsyncIterator[Listener[H]]:
-    """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one).
+    """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one); with
+    no ``url``, only those made by :meth:`Listener.open_stream` (or given to
+    :meth:`Listener.serve_stream`), no socket opened.
 
     ``accept`` makes the :class:`ConnectionHandler` of each connection once it is open (its
     SASL identity known); the handler answers every link the peer opens and hears
@@ -134,16 +172,18 @@ async def listen(
     After a refused login, new connections from that peer address are served one at a time,
     ``login_throttle.penalty`` seconds apart (:mod:`framework.io.login_throttle`).
     """
-    parsed = AmqpUrl.parse(url)
-    if parsed.tls and ssl_context is None:
+    parsed = None if url is None else AmqpUrl.parse(url)
+    if parsed is not None and parsed.tls and ssl_context is None:
         raise ValueError("amqps:// needs an ssl_context with the server certificate")
     if allow_anonymous is None:
         allow_anonymous = users is None and not certificate_users
     sasl = SaslServer.with_users(users or {}, allow_anonymous=allow_anonymous)
-    listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
-    port = listeners[0].socket.getsockname()[1]
-    scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
-    listener = Listener(scheme_url, port, accept)
+    listeners: list[trio.SocketListener] = []
+    port, scheme_url = 0, IN_MEMORY_URL
+    if parsed is not None:
+        listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
+        port = listeners[0].socket.getsockname()[1]
+        scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
     name = container_id or f"pairlink-{uuid.uuid4()}"
     limit = default_max_connections() if max_connections is None else max_connections
     active = 0
@@ -202,10 +242,8 @@ async def listen(
         except Exception as exc:  # backstop: one connection's failure never ends the listener
             log.error("connection.crashed", peer=peer, exc_info=exc)
 
-    async def admit(stream: trio.SocketStream) -> None:
+    async def admit(stream: trio.abc.Stream, host: str, peer: str) -> None:
         nonlocal active
-        host, port_, *_ = stream.socket.getpeername()
-        peer = f"{host}:{port_}"
         if active >= limit:
             if not handshaking:
                 log.warning("connection.refused", peer=peer, why="max_connections", limit=limit)
@@ -234,10 +272,16 @@ async def listen(
             active -= 1
             await trio.aclose_forcefully(stream)
 
+    async def admit_socket(stream: trio.SocketStream) -> None:
+        host, port_, *_ = stream.socket.getpeername()
+        await admit(stream, host, f"{host}:{port_}")
+
     log.info("listener.start", url=scheme_url)
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, admit, listeners)
+            listener = Listener(scheme_url, port, accept, admit, nursery)
+            if listeners:
+                await nursery.start(trio.serve_listeners, admit_socket, listeners)
             try:
                 async with body:
                     yield listener

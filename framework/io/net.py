@@ -2,14 +2,15 @@
 
 ``connect`` and the listener (:mod:`framework.io.listener`) hand each socket to
 :func:`open_connection`, which runs an :class:`~framework.io.connection.AmqpConnection` over
-it (or over any other Trio stream).
+it (or over any other Trio stream: ``connect`` takes a :data:`Connector` in place of TCP).
 """
 
 from __future__ import annotations
 
+import functools
 import ssl
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -25,6 +26,12 @@ from framework.io.taskgroups import body_errors_unwrapped
 
 AMQP_PORT = 5672
 AMQPS_PORT = 5671
+
+Connector = Callable[[], Awaitable[trio.abc.Stream]]
+"""Opens the byte stream a client connection runs over, in place of TCP to the URL's host and
+port: an in-memory stream to a listener in the same process
+(:meth:`framework.io.listener.Listener.open_stream`), a Unix socket, a tunnel. Called once per
+connection, so a reconnecting client gets a new stream each time."""
 
 CONNECT_FAILURES = (OSError, trio.BrokenResourceError, trio.TooSlowError, ConnectionLostError)
 """What ``connect`` (or a connection it made) may fail with that another attempt may not:
@@ -143,15 +150,19 @@ async def connect(
     on_attach: OnAttach | None = None,
     connect_timeout: float = 30.0,
     max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
+    connector: Connector | None = None,
     **config: Any,
 ) -> AsyncIterator[AmqpConnection]:
     """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
     user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it.
-    ``config``: ``ConnectionConfig`` fields (``idle_timeout``, the engine's limits...)."""
+    ``connector``: the stream to use instead of TCP to the URL's host and port (TLS, SASL and
+    the rest as for TCP). ``config``: ``ConnectionConfig`` fields (``idle_timeout``, the
+    engine's limits...)."""
     parsed = AmqpUrl.parse(url)
     peer = f"{parsed.host}:{parsed.port}"
+    opener = connector or functools.partial(trio.open_tcp_stream, parsed.host, parsed.port)
     with trio.fail_after(connect_timeout):
-        stream: trio.abc.Stream = await trio.open_tcp_stream(parsed.host, parsed.port)
+        stream: trio.abc.Stream = await opener()
     if parsed.tls:
         context = ssl_context or ssl.create_default_context()
         stream = trio.SSLStream(stream, context, server_hostname=parsed.host)

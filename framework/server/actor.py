@@ -11,7 +11,10 @@ Calls are decoded and checked on arrival, in the connection's reader task: anyth
 answered without the handler (undecodable 400, unknown operation 404, arguments that do not
 bind 400, deadline passed 408, shutting down 503) is answered at once, so a bad call never
 waits behind good ones. Only calls that will run enter the queue; ``max_concurrency`` worker
-tasks take them, callers in turn.
+tasks take them, callers in turn. A worker awaits an ``async def`` handler and hands a plain
+``def`` to a thread of the actor's own pool (``max_concurrency`` threads: one service's blocked
+threads never hold back another's); an ``inline=True`` one runs where it is, and even in the
+reader task itself when it can start at once.
 
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
 within the window gets that answer again without running; one whose first copy is still held
@@ -28,7 +31,6 @@ import math
 from typing import Any, Protocol
 
 import attrs
-import structlog
 import trio
 
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, ProtocolError
@@ -43,6 +45,7 @@ from framework.amqp.messaging import (
 )
 from framework.errors import new_ref
 from framework.io.links import LinkEnd
+from framework.io.logs import get_logger
 from framework.rpc import deadline, wire
 from framework.rpc.payload import Encoding, PayloadError
 from framework.rpc.wire import (
@@ -62,7 +65,7 @@ from framework.server.dedup import DedupStore, Outcome
 from framework.server.mailbox import CreditedLink, Mailbox
 from framework.server.service import Hosted, Operation
 
-log = structlog.get_logger("pairlink.service")
+log = get_logger("pairlink.service")
 
 
 class Origin(CreditedLink, Protocol):
@@ -75,6 +78,11 @@ class Origin(CreditedLink, Protocol):
     def set_outcome(self, delivery: Delivery, state: Any) -> None: ...
     def route_for(self, message: Message) -> Route | None: ...
     def why_unroutable(self, message: Message) -> tuple[str, str]: ...
+
+
+def _ids(origin: Origin, message_id: Any) -> dict[str, Any]:
+    """What ties a log line to its call: its connection, request link and message-id."""
+    return {"conn": origin.end.conn.id, "link": origin.link.name, "message_id": message_id}
 
 
 class Route(Protocol):
@@ -118,6 +126,8 @@ class Actor:
         self.log = log.bind(service=spec.address)
         self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox)
         self.running = 0
+        # its own pool, not trio's process-wide one (40): no service waits on another's threads
+        self._threads = trio.CapacityLimiter(spec.max_concurrency)
         # one token per queued call: the mailbox says which call a worker takes
         self._send, self._recv = trio.open_memory_channel[None](math.inf)
         self.stopping = False  # no more credit; new arrivals get 503
@@ -219,13 +229,13 @@ class Actor:
                     return
                 call.key = request.message_id
             if (
-                operation.mode == "sync"
+                operation.mode == "inline"
                 and self.mailbox.queued == 0
                 and self.running < self.max_concurrency
             ):
-                # it could start at once, and a sync handler holds the event loop wherever it
-                # runs: running it here saves the mailbox hop and a task switch per call
-                self._run_sync(call)
+                # it could start at once, and an inline handler holds the event loop wherever
+                # it runs: running it here saves the mailbox hop and a task switch per call
+                self._run_inline(call)
             else:
                 self.mailbox.enqueue(origin, call)
                 self._send.send_nowait(None)
@@ -262,7 +272,9 @@ class Actor:
         if head is not None and route is not None:
             self.respond(route, origin, delivery, _bare_request(head), BAD_REQUEST, why)
         elif delivery.remote_settled:
-            self.log.warning("call.undecodable", condition=exc.condition, why=why)
+            self.log.warning(
+                "call.undecodable", **_ids(origin, None), condition=exc.condition, why=why
+            )
             origin.end.detach(Error(exc.condition, why))
             self.release(origin)
         else:
@@ -283,8 +295,8 @@ class Actor:
             app = message.application_properties if message else None
             self.log.warning(
                 "call.undeliverable",
+                **_ids(origin, props.message_id),
                 operation=(app or {}).get(OPERATION, props.subject),
-                call=props.message_id,
                 reply_to=props.reply_to,
                 condition=condition,
                 why=description,
@@ -311,7 +323,7 @@ class Actor:
         request, and free the call's slot once the reply has left."""
         try:
             payload = self._reply_payload(
-                route, request, status, description, value, error_type, ref
+                route, origin, request, status, description, value, error_type, ref
             )
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
@@ -322,8 +334,8 @@ class Actor:
             return
         self.log.warning(
             "reply.undeliverable",
+            **_ids(origin, request.message_id),
             operation=request.operation,
-            call=request.message_id,
             reply_to=request.reply_to,
         )
         if not delivery.remote_settled:
@@ -333,6 +345,7 @@ class Actor:
     def _reply_payload(
         self,
         route: Route,
+        origin: Origin,
         request: Request,
         status: int,
         description: str,
@@ -351,13 +364,13 @@ class Actor:
                 status = INTERNAL_ERROR
                 detail = f"cannot encode the result: {exc}"
                 description, error_type, ref = self._undisclosed(
-                    "reply.unencodable", request, exc, detail
+                    "reply.unencodable", origin, request, exc, detail
                 )
         if status >= INTERNAL_ERROR or status == TIMEOUT:
             self.log.info(
                 "call.answered",
+                **_ids(origin, request.message_id),
                 operation=request.operation,
-                call=request.message_id,
                 status=status,
                 why=description,
             )
@@ -396,7 +409,8 @@ class Actor:
     async def _execute(self, call: Call) -> None:
         request = call.request
         if not call.route.usable and call.key is None:  # the caller went away meanwhile
-            self.log.info("call.abandoned", operation=request.operation, call=request.message_id)
+            ids = _ids(call.origin, request.message_id)
+            self.log.info("call.abandoned", **ids, operation=request.operation)
             self.release(call.origin)
             return
         now = deadline.wall_time()
@@ -408,8 +422,8 @@ class Actor:
             self._answer(call, UNAVAILABLE, "shutting down")
             return
         operation = call.operation
-        if operation.mode == "sync":
-            self._run_sync(call)
+        if operation.mode == "inline":
+            self._run_inline(call)
             return
         limit = math.inf
         if request.deadline is not None:
@@ -432,7 +446,7 @@ class Actor:
         else:
             self._answer(call, OK, "OK", value)
 
-    def _run_sync(self, call: Call) -> None:
+    def _run_inline(self, call: Call) -> None:
         self.running += 1
         try:
             with deadline.serving(call.request.deadline):
@@ -454,11 +468,13 @@ class Actor:
         if isinstance(exc, call.operation.exposed):
             self._answer(call, INTERNAL_ERROR, str(exc), error_type=_type_name(exc))
             return
-        description, error_type, ref = self._undisclosed("call.failed", call.request, exc, str(exc))
+        description, error_type, ref = self._undisclosed(
+            "call.failed", call.origin, call.request, exc, str(exc)
+        )
         self._answer(call, INTERNAL_ERROR, description, error_type=error_type, ref=ref)
 
     def _undisclosed(
-        self, event: str, request: Request, exc: Exception, detail: str
+        self, event: str, origin: Origin, request: Request, exc: Exception, detail: str
     ) -> tuple[str, str | None, str]:
         """An unexpected failure, whose text may hold what must not leave the process (a
         password in a connection string, an internal host): log it with its traceback under a
@@ -467,9 +483,9 @@ class Actor:
         ref = new_ref()
         self.log.error(
             event,
+            **_ids(origin, request.message_id),
             ref=ref,
             operation=request.operation,
-            call=request.message_id,
             error=repr(exc),
             exc_info=exc,
         )
@@ -486,9 +502,10 @@ class Actor:
     async def _invoke(self, operation: Operation, call: Call) -> Any:
         if operation.mode == "async":
             return await operation.function(self.instance, *call.args, **call.kwargs)
-        # blocking: a thread cannot be cancelled, so the scope cannot end it early either
+        # a thread cannot be cancelled, so the scope cannot end it early either; the thread
+        # runs in a copy of this task's context, so it sees the call's deadline
         job = functools.partial(operation.function, self.instance, *call.args, **call.kwargs)
-        return await trio.to_thread.run_sync(job)
+        return await trio.to_thread.run_sync(job, limiter=self._threads)
 
     def _answer(
         self,

@@ -49,7 +49,6 @@ from collections import deque
 from typing import Any
 
 import attrs
-import structlog
 
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
 from framework.amqp.link import Delivery, Link
@@ -64,6 +63,7 @@ from framework.amqp.performatives import (
 from framework.errors import PairlinkError
 from framework.io.connection import AmqpConnection
 from framework.io.links import LinkEnd, LinkOwner, accept
+from framework.io.logs import get_logger
 from framework.rpc.linkpair import (
     PairHalf,
     Refusal,
@@ -73,7 +73,7 @@ from framework.rpc.linkpair import (
 from framework.rpc.wire import ME
 from framework.server.actor import Actor, Origin
 
-log = structlog.get_logger("pairlink.service")
+log = get_logger("pairlink.service")
 
 
 class RequestLink(LinkOwner):
@@ -211,7 +211,9 @@ class ReplyLink(LinkOwner):
         try:
             self.end.conn.send(self.end.link, payload, settled=settled)
         except PairlinkError as exc:  # the link or connection is closing
-            log.warning("reply.dropped", link=self.end.link.name, error=str(exc))
+            log.warning(
+                "reply.dropped", conn=self.end.conn.id, link=self.end.link.name, error=str(exc)
+            )
 
     def link_flowed(self, end: LinkEnd) -> None:
         while self._parked and end.link.usable_credit > 0 and end.usable:
@@ -229,7 +231,12 @@ class ReplyLink(LinkOwner):
 
     def link_ended(self, end: LinkEnd) -> None:
         if self._parked:
-            log.warning("reply.undeliverable", link=end.link.name, dropped=len(self._parked))
+            log.warning(
+                "reply.undeliverable",
+                conn=end.conn.id,
+                link=end.link.name,
+                dropped=len(self._parked),
+            )
         while self._parked:
             _payload, origin, _settled = self._parked.popleft()
             origin.release()
@@ -387,7 +394,7 @@ class Container:
         self.log.info(
             "link.refused",
             conn=peer.conn.id,
-            name=link.name,
+            link=link.name,
             source=half.source,
             target=half.target,
             paired=half.paired,

@@ -42,12 +42,12 @@ from collections.abc import Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
-import structlog
 import trio
 
 from framework.amqp.link import Link, serial_diff
+from framework.io.logs import get_logger
 
-log = structlog.get_logger("pairlink.service")
+log = get_logger("pairlink.service")
 
 RESERVE_DIVISOR = 32
 """A mailbox keeps ``bound // RESERVE_DIVISOR`` slots for callers that hold nothing (4 of the

@@ -14,16 +14,21 @@ The decorators only *check and record*: the class stays an ordinary class (calla
 testable without any network), and every mistake that can be seen in a signature is a
 ``TypeError`` naming the function at import time, not a 500 at the first call.
 
-Three kinds of handler, chosen by how the function is written:
+Three kinds of handler, chosen as FastAPI and Starlette users expect:
 
 * ``async def``: awaited in the actor's worker task, cancelled if the call's deadline passes
   while it runs (the caller has given up; the reply says 408);
-* plain ``def``: run inline, in the task that read the request when it can start at once,
-  else in the actor's worker task. Fine for quick computations (and the cheapest kind: no task
-  switch); it holds the whole event loop while it runs, so anything slow belongs in the next;
-* ``@handler(blocking=True)`` on a plain ``def``: run in a worker thread
-  (``trio.to_thread.run_sync``), so it may block on files, locks or C code. A thread cannot be
-  interrupted: neither a deadline nor a shutdown's grace period stops it early.
+* plain ``def``: run in a worker thread (``trio.to_thread.run_sync``), so it may block on
+  files, sockets, locks or C code without stalling the other services and the heartbeats of
+  the process. At most ``max_concurrency`` threads per service. A thread cannot be
+  interrupted: neither a deadline nor a shutdown's grace period stops it early;
+* ``@handler(inline=True)`` on a plain ``def``: run on the event loop, in the task that read
+  the request when it can start at once, else in the actor's worker task. The cheapest kind
+  (no thread, no task switch) for quick computations; it holds the whole event loop while it
+  runs, so it must never block.
+
+``@handler(blocking=True)``, which asked for a thread before that was the default, still works
+and warns (``DeprecationWarning``).
 
 Each served instance is an actor (:mod:`framework.server.actor`): ``max_concurrency`` calls run
 at once (default 1, so handler state needs no locks) and at most ``mailbox`` calls are held: callers
@@ -41,6 +46,7 @@ id (``RemoteError.ref``), and the server logs the traceback under that id.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal, TypeVar, cast, overload
 
@@ -58,7 +64,7 @@ _HANDLER = "__pairlink_handler__"
 _SERVICE = "__pairlink_service__"
 
 F = TypeVar("F", bound=Callable[..., Any])
-Mode = Literal["async", "sync", "blocking"]
+Mode = Literal["async", "thread", "inline"]
 ExceptionTypes = tuple[type[Exception], ...]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -69,7 +75,7 @@ class _Mark:
     """What ``@handler`` records on a function, until ``@service`` collects it."""
 
     name: str | None
-    blocking: bool
+    inline: bool
     expose: ExceptionTypes = ()
 
 
@@ -158,6 +164,7 @@ def handler(
     name: str | None = None,
     /,
     *,
+    inline: bool = False,
     blocking: bool = False,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
 ) -> Callable[[F], F]: ...
@@ -167,25 +174,42 @@ def handler(
     target: Any = None,
     /,
     *,
+    inline: bool = False,
     blocking: bool = False,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
 ) -> Any:
     """Mark a method as an operation: ``@handler``, ``@handler("name")``,
-    ``@handler(blocking=True)`` (a sync function run in a worker thread).
+    ``@handler(inline=True)`` (a plain ``def`` run on the event loop, not in a thread).
 
     ``expose_errors``: exception types (subclasses included, as in ``except``) this handler
     raises on purpose, added to its service's: the caller gets their type and message in a
-    500. Any other exception's text stays in the server's log (see the module's docstring)."""
+    500. Any other exception's text stays in the server's log (see the module's docstring).
+    ``blocking=True`` is deprecated: a plain ``def`` runs in a thread without it."""
     if callable(target) or isinstance(target, staticmethod | classmethod):
-        return _mark(target, None, blocking)
+        return _mark(target, None, inline=False)
     if target is not None and not isinstance(target, str):
         raise TypeError(f"@handler takes an operation name (str), not {target!r}")
     if target is not None and not target:
         raise ValueError("@handler: the operation name must not be empty")
-    expose = _exception_types(f"@handler({target!r})" if target else "@handler", expose_errors)
+    where = f"@handler({target!r})" if target else "@handler"
+    expose = _exception_types(where, expose_errors)
+    if blocking:
+        if inline:
+            raise TypeError(f"{where}: inline=True and blocking=True contradict each other")
+        warnings.warn(
+            "@handler(blocking=True) is deprecated: a plain def handler runs in a worker "
+            "thread by default now; drop the argument",
+            DeprecationWarning,
+            stacklevel=2,
+        )
 
     def decorate(function: F) -> F:
-        return cast(F, _mark(function, target, blocking, expose))
+        if blocking and inspect.iscoroutinefunction(function):
+            raise TypeError(
+                f"handler {function.__qualname__} is async: blocking=True was for plain def "
+                "functions, run in a thread"
+            )
+        return cast(F, _mark(function, target, inline=bool(inline), expose=expose))
 
     return decorate
 
@@ -204,7 +228,7 @@ def _exception_types(where: str, value: object) -> ExceptionTypes:
     return cast(ExceptionTypes, items)
 
 
-def _mark(function: Any, name: str | None, blocking: bool, expose: ExceptionTypes = ()) -> Any:
+def _mark(function: Any, name: str | None, *, inline: bool, expose: ExceptionTypes = ()) -> Any:
     if isinstance(function, staticmethod | classmethod):
         kind = type(function).__name__
         raise TypeError(
@@ -225,11 +249,12 @@ def _mark(function: Any, name: str | None, blocking: bool, expose: ExceptionType
         raise TypeError(f"handler {where} must take self as its first positional parameter")
     if inspect.isasyncgenfunction(function) or inspect.isgeneratorfunction(function):
         raise TypeError(f"handler {where} is a generator: a call has exactly one reply")
-    if blocking and inspect.iscoroutinefunction(function):
+    if inline and inspect.iscoroutinefunction(function):
         raise TypeError(
-            f"handler {where} is async: blocking=True is for sync functions, run in a thread"
+            f"handler {where} is async: inline=True is for plain def functions "
+            "(an async def always runs on the event loop)"
         )
-    setattr(function, _HANDLER, _Mark(name, blocking, expose))
+    setattr(function, _HANDLER, _Mark(name, inline, expose))
     return function
 
 
@@ -318,7 +343,7 @@ def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Ope
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
             if isinstance(value, staticmethod | classmethod) and hasattr(value.__func__, _HANDLER):
-                _mark(value, None, False)  # raises the TypeError that names it
+                _mark(value, None, inline=False)  # raises the TypeError that names it
             functions[attr] = value
     operations: dict[str, Operation] = {}
     for attr, function in functions.items():
@@ -331,12 +356,10 @@ def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Ope
                 f"@service {cls.__qualname__}: operation {name!r} is defined twice, by "
                 f"{operations[name].function.__qualname__} and {function.__qualname__}"
             )
-        if mark.blocking:
-            mode: Mode = "blocking"
-        elif inspect.iscoroutinefunction(function):
-            mode = "async"
+        if inspect.iscoroutinefunction(function):
+            mode: Mode = "async"
         else:
-            mode = "sync"
+            mode = "inline" if mark.inline else "thread"
         operations[name] = Operation.of(name, function, mode, expose + mark.expose)
     if not operations:
         raise TypeError(f"@service {cls.__qualname__} has no @handler methods")

@@ -20,12 +20,14 @@ from framework.io.connection import AmqpConnection
 from framework.io.limits import Limits
 from framework.io.listener import Listener
 from framework.io.listener import listen as listen_amqp
+from framework.io.net import Connector
 from framework.io.taskgroups import lone_errors_unwrapped
 from framework.rpc.linkpair import LINK_PAIR_V1_0
 from framework.rpc.wire import CALL_ENVELOPE
 from framework.server.actor import Actor
 from framework.server.container import Container, Peer
-from framework.server.service import Hosted, hosted
+from framework.server.health import DRAINING, HEALTH, Health
+from framework.server.service import Hosted, hosted, spec_of
 
 DEFAULT_URL = "amqp://127.0.0.1:5672"
 
@@ -56,7 +58,7 @@ class Server:
         self,
         hosted: Sequence[Hosted],
         *,
-        url: str,
+        url: str | None,
         users: dict[str, str] | None,
         ssl_context: ssl.SSLContext | None,
         grace: float,
@@ -70,8 +72,13 @@ class Server:
             if item.address in actors:
                 raise ValueError(f"two services at the address {item.address!r}")
             actors[item.address] = Actor(item)
-        self.container = Container(actors, container_id or f"pairlink-{uuid.uuid4()}")
-        self.actors = actors
+        if HEALTH in actors:
+            raise ValueError(f"{HEALTH!r} is the address of the server's own health service")
+        self.health = Health(list(actors))
+        self._health_actor = Actor(Hosted(self.health, spec_of(self.health)))  # own mailbox
+        builtin = {HEALTH: self._health_actor}
+        self.container = Container(actors | builtin, container_id or f"pairlink-{uuid.uuid4()}")
+        self.actors = actors  # the user's services (what a graceful stop drains)
         self.container_id = self.container.container_id
         self.grace = grace
         self.listener: Listener[_Served] | None = None
@@ -122,6 +129,7 @@ class Server:
                         for actor in self.actors.values():
                             await self._hook(actor, "on_start")
                             started.append(actor)
+                        started.append(self._health_actor)  # has no hooks
                         for actor in started:
                             await nursery.start(actor.run)
                         await self._listen(task_status, scope)
@@ -156,6 +164,7 @@ class Server:
             task_status.started()
             await self._stop.wait()
             self.log.info("server.stopping", grace=self.grace)
+            self.health.status = DRAINING  # and it answers so until its links go, below
             await self._drain()
             for served in list(listener.handlers.values()):
                 for endpoint in served.peer.endpoints():
@@ -212,6 +221,7 @@ class Server:
 
     async def _hold_client(self, *, task_status: trio.TaskStatus[Client]) -> None:
         url = self._call_url
+        connector: Connector | None = None
         if url is None:
             if self.listener is None or self._stop.is_set():
                 raise RuntimeError(
@@ -219,7 +229,9 @@ class Server:
                     "(not from on_start or on_stop): pass call_url to reach another one"
                 )
             url = self.listener.url
-        async with connect_client(url, reconnect=True) as client:
+            if not self.listener.port:  # a server without a socket: its services in memory
+                connector = self.listener.open_stream
+        async with connect_client(url, reconnect=True, connector=connector) as client:
             task_status.started(client)
             await self._client_done.wait()
 
@@ -227,7 +239,7 @@ class Server:
 @asynccontextmanager
 async def open_server(
     *services: object,
-    listen: str = DEFAULT_URL,
+    listen: str | None = DEFAULT_URL,
     users: dict[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     grace: float = 10.0,
@@ -237,7 +249,9 @@ async def open_server(
     **options: Any,
 ) -> AsyncIterator[Server]:
     """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
-    duration of the block; ``server.url`` says where (``listen`` may use port 0).
+    duration of the block; ``server.url`` says where (``listen`` may use port 0;
+    ``listen=None`` opens no socket: clients connect over in-memory streams, as
+    :mod:`framework.testing` does).
 
     Leaving the block, even by cancellation, shuts down gracefully: credit stops, calls
     already held are finished and answered (for ``grace`` seconds at most; after that they

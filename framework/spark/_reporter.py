@@ -8,13 +8,13 @@ server, and the driver's end imports nothing of the task's; both take ``ADDRESS`
 from __future__ import annotations
 
 import attrs
-import structlog
 import trio
 
 from framework.client.client import connect
 from framework.errors import PairlinkError
+from framework.io.logs import get_logger
 
-log = structlog.get_logger("pairlink.spark")
+log = get_logger("pairlink.spark")
 
 ADDRESS = "pairlink.progress"
 REPORT_EVERY = 0.2

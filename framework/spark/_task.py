@@ -18,22 +18,21 @@ deduplicating service answers a call that did run from its store instead of runn
 from __future__ import annotations
 
 import functools
-import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any, Generic, Literal, TypeVar
 
 import attrs
-import structlog
 import trio
 
 from framework.client.client import Client, connect
 from framework.errors import ConnectionLostError, RemoteError
+from framework.io.logs import get_logger
 from framework.io.taskgroups import lone_errors_unwrapped
 from framework.io.threads import start_trio_thread
 from framework.spark._reporter import Counts, report
 
-log = structlog.get_logger("pairlink.spark")
+log = get_logger("pairlink.spark")
 
 P = TypeVar("P")
 OnError = Literal["raise", "column"]
@@ -194,7 +193,7 @@ class _Calls(Generic[P]):
             except ConnectionLostError as exc:
                 if trio.current_time() >= deadline:
                     raise
-                log.info("spark.resend", call=message_id, error=str(exc))
+                log.info("spark.resend", message_id=message_id, error=str(exc))
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
@@ -202,13 +201,11 @@ class _Calls(Generic[P]):
         self.scope.cancel()
 
 
-def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Iterator[Chunk[P]]:
+def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chunk[P], None, None]:
     """Answer every chunk ``reader`` returns (until it returns None), yielding them in order.
 
     ``reader`` runs in a helper thread: it may block on Spark's input. A failure, local or
     remote (``on_error="raise"``), is raised here, in the Spark thread, as itself."""
-    if not structlog.is_configured():  # a Spark worker: the driver's set-up is not here
-        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     calls = _Calls(plan, reader)
     thread = start_trio_thread(calls.main, name="pairlink-spark-task")
     try:

@@ -6,6 +6,7 @@ the calls happen when Spark runs the tasks (:mod:`framework.spark._task`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from framework.spark._results import Column, result_arrays
 from framework.spark._task import Chunk, OnError, Plan, message_ids, run_task
 
 if TYPE_CHECKING:
@@ -93,7 +95,12 @@ def call_service(
     columns as positional arguments. The reply fills the ``result_schema`` columns (a DDL
     string such as ``"score double, label string"`` or a ``StructType``): a dict gives them by
     name, a list or tuple by position, and a plain value the single column of a one-column
-    schema. Rows keep their order; the input columns come through unchanged.
+    schema (a None reply: nulls). Values convert only when nothing is lost: 2.0 fills an int
+    column, 0.89 does not; an int fills a double column if the double holds it exactly; a bool
+    is not an int, nor a string a number. A reply that does not fit (a field missing, a value
+    of another kind) is an error naming the row (``key=value``, else its position in its
+    partition), the column and the value, handled as ``on_error`` says. Rows keep their
+    order; the input columns come through unchanged.
 
     ``key``: a column whose value identifies the row; the call's message-id is then
     ``<run_id>:<key>``, the same when Spark retries the task, so a service with
@@ -104,8 +111,9 @@ def call_service(
 
     ``in_flight``: calls a task has outstanding at most. ``timeout``: seconds a row may take,
     resends after a lost connection included. ``on_error="raise"`` fails the task with the
-    service's error (a ``RemoteError`` naming its status, type and message); ``"column"``
-    puts it in a string column ``_error`` (null when the row succeeded) with null results.
+    service's error (a ``RemoteError`` naming its status, type and message) or a reply's
+    (a ``ValueError``); ``"column"`` puts it in a string column ``_error`` (null when the row
+    succeeded) with null results.
     Either way a call that gets no answer at all (the service unreachable, the row's timeout
     passed) fails the task, which Spark may retry. ``progress``: report rows to that
     :class:`~framework.spark.progress.Progress`.
@@ -128,7 +136,7 @@ def call_service(
         fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
     plan = _plan(url, address, operation, in_flight, timeout, on_error, run_id, progress)
     plan = attrs.evolve(plan, connect_timeout=connect_timeout)
-    spec = _ArrowPlan(plan, tuple(args), key, _arrow_types(result))
+    spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
     return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
 
 
@@ -198,10 +206,12 @@ def _result_struct(df: DataFrame, schema: str | StructType) -> StructType:
     return parsed
 
 
-def _arrow_types(result: StructType) -> tuple[tuple[str, pa.DataType], ...]:
+def _columns(result: StructType) -> tuple[Column, ...]:
     from pyspark.sql.pandas.types import to_arrow_type
 
-    return tuple((f.name, to_arrow_type(f.dataType)) for f in result.fields)
+    return tuple(
+        Column(f.name, f.dataType.simpleString(), to_arrow_type(f.dataType)) for f in result.fields
+    )
 
 
 # -- in the tasks ------------------------------------------------------------------------------
@@ -210,12 +220,12 @@ def _arrow_types(result: StructType) -> tuple[tuple[str, pa.DataType], ...]:
 @attrs.frozen
 class _ArrowPlan:
     """What a ``mapInArrow`` task needs beyond the :class:`Plan`: which columns are the
-    arguments and the key, and the Arrow types of the result columns."""
+    arguments and the key, and the result columns."""
 
     plan: Plan
     args: tuple[str, ...]
     key: str | None
-    result: tuple[tuple[str, pa.DataType], ...]
+    result: tuple[Column, ...]
 
 
 def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -234,34 +244,32 @@ def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterato
             ids = message_ids(plan.run_id, batch.column(spec.key).to_pylist(), spec.key)
         return Chunk(batch, rows, ids)
 
-    names = [name for name, _ in spec.result]
-    for chunk in run_task(plan, read):
-        batch = chunk.payload
-        values = [result_fields(value, names) for value in chunk.values]
-        arrays = [
-            pa.array([None if v is None else v[i] for v in values], type=arrow_type)
-            for i, (_, arrow_type) in enumerate(spec.result)
-        ]
-        out_names = [*batch.schema.names, *names]
-        if plan.on_error == "column":
-            arrays.append(pa.array(chunk.errors, type=pa.string()))
-            out_names.append(ERROR_COLUMN)
-        yield pa.RecordBatch.from_arrays([*batch.columns, *arrays], names=out_names)
+    out_names = [column.name for column in spec.result]
+    if plan.on_error == "column":
+        out_names.append(ERROR_COLUMN)
+    rows_before = 0  # in this partition, before the chunk
+    with contextlib.closing(run_task(plan, read)) as chunks:  # a bad reply ends the calls
+        for chunk in chunks:
+            batch = chunk.payload
+            row_name = functools.partial(_row_name, spec.key, batch, rows_before)
+            arrays = result_arrays(spec.result, chunk.values, chunk.errors, row_name, plan.on_error)
+            if plan.on_error == "column":
+                arrays.append(pa.array(chunk.errors, type=pa.string()))
+            rows_before += batch.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, *arrays], names=[*batch.schema.names, *out_names]
+            )
 
 
-def result_fields(value: Any, names: Sequence[str]) -> Sequence[Any] | None:
-    """A reply as the values of the result columns, in order."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        return [value.get(name) for name in names]
-    if isinstance(value, list | tuple):
-        if len(value) != len(names):
-            raise ValueError(f"a reply of {len(value)} values for {len(names)} result columns")
-        return value
-    if len(names) == 1:
-        return [value]
-    raise TypeError(f"a reply of type {type(value).__name__} for {len(names)} result columns")
+def _row_name(key: str | None, batch: pa.RecordBatch, rows_before: int, index: int) -> str:
+    """A row for an error message: its key, else its position in its partition."""
+    if key is not None:
+        return f"row {key}={batch.column(key)[index].as_py()!r}"
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = f" of partition {context.partitionId()}" if context is not None else ""
+    return f"row #{rows_before + index}{partition}"
 
 
 def _map_rows(

@@ -46,7 +46,7 @@ class Tally:
         # (run, stage, partition) -> (attempt, rows, errors)
         self.tasks: dict[tuple[str, int, int], tuple[int, int, int]] = {}
 
-    @handler
+    @handler(inline=True)  # a few counters: no worker thread needed
     def update(
         self, run: str, stage: int, partition: int, attempt: int, rows: int, errors: int
     ) -> None:

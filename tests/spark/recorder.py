@@ -6,6 +6,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import attrs
 import trio
@@ -18,7 +19,7 @@ from framework.server.serving import Server
 class Recorder:
     """``score``: a result from the row, counted per id (the side effect dedup must not
     repeat), failing for the text ``boom``. ``slow``: holds each call 2 ms and records how many
-    calls of each partition were running at once."""
+    calls of each partition were running at once. ``shaped``: the reply ``SHAPES[id]``."""
 
     def __init__(self) -> None:
         self.runs: Counter[int] = Counter()
@@ -39,6 +40,22 @@ class Recorder:
         await trio.sleep(0.002)
         self.active[part] -= 1
         return id * 2
+
+    @handler
+    def shaped(self, id: int) -> Any:
+        return SHAPES[id]
+
+
+SHAPES: list[Any] = [
+    {"n": 2.0, "x": 3, "flag": True, "s": "a"},  # fits: an integral float, an int as a double
+    {"n": 0.8944, "x": 1.5, "flag": False, "s": "b"},  # would truncate
+    {"x": 1.5, "flag": False, "s": "c"},  # a field missing
+    {"n": "12", "x": 1.5, "flag": False, "s": "d"},  # a string for an int
+    {"n": True, "x": 1.5, "flag": False, "s": "e"},  # a bool for an int
+    {"n": 1, "x": 1.5, "flag": 1, "s": "f"},  # an int for a bool
+    [7, None, None, "g"],  # by position, nulls where the service says so
+]
+"""The replies of ``shaped``, for the result schema ``n int, x double, flag boolean, s string``."""
 
 
 def expected(id: int) -> tuple[float, str]:

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from framework.spark import ERROR_COLUMN, Progress, call_partitions, call_service
-from tests.spark.recorder import Served, die_once_at, expected
+from tests.spark.recorder import SHAPES, Served, die_once_at, expected
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -159,3 +159,50 @@ def test_progress_falls_back_to_tasks_when_the_side_channel_is_unreachable(
     assert (progress.mode, progress.rows) == ("tasks", 0)
     assert progress.tasks() == (4, 4)
     assert "tasks 4/4 done" in stream.getvalue()
+
+
+def shaped(df: DataFrame, url: str, **options: object) -> DataFrame:
+    return call_service(
+        df,
+        url=url,
+        address="recorder",
+        operation="shaped",
+        args=["id"],
+        result_schema="n int, x double, flag boolean, s string",
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_replies_that_do_not_fit_their_columns_are_row_errors(spark, recorder: Served) -> None:
+    df = spark.range(len(SHAPES), numPartitions=1)
+    out = shaped(df, recorder.url, key="id", on_error="column").collect()
+    got = {row.id: tuple(row)[1:] for row in out}
+    errors = {
+        1: "result column 'n' (int) cannot hold the float 0.8944: "
+        "Float value 0.894400 was truncated converting to int32",
+        2: "result column 'n': the reply {'flag': False, 's': 'c', 'x': 1.5} has no such field",
+        3: "result column 'n' (int) cannot hold the str '12': "
+        "Could not convert '12' with type str: tried to convert to int32",
+        4: "result column 'n' (int) cannot hold the bool True: Expected integer, got bool",
+        5: "result column 'flag' (boolean) cannot hold the int 1: "
+        "Could not convert 1 with type int: tried to convert to boolean",
+    }
+    assert got == {
+        0: (2, 3.0, True, "a", None),
+        **{i: (None, None, None, None, f"row id={i}: {why}") for i, why in errors.items()},
+        6: (7, None, None, "g", None),
+    }
+
+
+def test_on_error_raise_fails_the_job_naming_the_row_column_and_value(
+    spark, recorder: Served
+) -> None:
+    """By its key when there is one, else by its position in its partition."""
+    df = spark.range(len(SHAPES), numPartitions=1)
+    why = re.escape("ValueError: row id=1: result column 'n' (int) cannot hold the float 0.8944")
+    with pytest.raises(Exception, match=why):
+        shaped(df, recorder.url, key="id").collect()
+    missing = df.where("id in (0, 2)")
+    why = re.escape("ValueError: row #1 of partition 0: result column 'n': the reply {")
+    with pytest.raises(Exception, match=why):
+        shaped(missing, recorder.url).collect()

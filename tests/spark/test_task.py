@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from framework import handler, open_server, service
+from framework.spark._results import Column, result_arrays, result_fields
 from framework.spark._task import Chunk, Plan, message_ids, run_task
-from framework.spark.api import result_fields
 from framework.spark.background import serve_in_thread
 from framework.spark.progress import Tally
 from tests.test_client_e2e import Relay
@@ -93,13 +93,53 @@ def test_the_tally_keeps_the_latest_attempt_of_each_task() -> None:
 def test_a_reply_fills_the_result_columns_by_name_position_or_alone() -> None:
     names = ["score", "label"]
     assert result_fields({"label": "x", "score": 1.0, "extra": 0}, names) == [1.0, "x"]
+    assert result_fields({"label": "x", "score": None}, names) == [None, "x"]
     assert result_fields([1.0, "x"], names) == [1.0, "x"]
     assert result_fields(None, names) is None
     assert result_fields(3, ["n"]) == [3]
-    with pytest.raises(ValueError, match="a reply of 1 values for 2 result columns"):
+    with pytest.raises(ValueError, match=r"^result column 'score': the reply \{'label': 'x'\}"):
+        result_fields({"label": "x"}, names)
+    with pytest.raises(ValueError, match=r"a reply of 1 values for 2 result columns: \[1.0\]"):
         result_fields([1.0], names)
-    with pytest.raises(TypeError, match="a reply of type int for 2 result columns"):
+    with pytest.raises(TypeError, match="a reply of type int for 2 result columns: 3"):
         result_fields(3, names)
+
+
+def test_values_convert_only_when_nothing_is_lost_nested_ones_too() -> None:
+    """What the Spark tests do not cover: widths, nesting, and big ints."""
+    import pyarrow as pa
+
+    nested = pa.struct([("a", pa.list_(pa.int32())), ("m", pa.map_(pa.string(), pa.int8()))])
+    columns = [Column("n", "tinyint", pa.int8()), Column("f", "float", pa.float32())]
+    columns.append(Column("t", "struct<...>", nested))
+    replies = [
+        [1.0, 2**24, {"a": [1, 2.0], "m": {"k": 3.0}}],  # fits: 2**24 is exact in a float
+        [300, 0.1, None],
+        [None, 2**24 + 1, {"a": [0.5], "m": {}}],  # two misfits: the first is told
+        [None, None, {"a": [1, 2.5], "m": {}}],
+        [None, None, {"a": [], "m": {"k": 3.5}}],
+        [2**70, None, None],
+    ]
+    errors: list[str | None] = [None] * len(replies)
+    arrays = result_arrays(columns, replies, errors, "row #{}".format, "column")
+    assert [array.to_pylist() for array in arrays] == [
+        [1, None, None, None, None, None],
+        [2**24, None, None, None, None, None],
+        [{"a": [1, 2], "m": [("k", 3)]}, None, None, None, None, None],
+    ]
+    wanted = [
+        None,
+        "row #1: result column 'n' (tinyint) cannot hold the int 300: ",
+        "row #2: result column 'f' (float) cannot hold the int 16777217: ",
+        "row #3: result column 't' (struct<...>) cannot hold the dict {'a': [1, 2.5], 'm': {}}: ",
+        "row #4: result column 't' (struct<...>) cannot hold the dict {'a': [], 'm': {'k': 3.5}}: ",
+        "row #5: result column 'n' (tinyint) cannot hold the int 1180591620717411303424: ",
+    ]  # then Arrow's words
+    assert [
+        why and want and why[: len(want)] for why, want in zip(errors, wanted, strict=True)
+    ] == (wanted)
+    with pytest.raises(ValueError, match=r"^row #1: result column 'n' \(tinyint\)"):
+        result_arrays(columns, replies, [None] * len(replies), "row #{}".format, "raise")
 
 
 def test_importing_framework_spark_imports_neither_pyspark_nor_pyarrow() -> None:
