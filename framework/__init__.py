@@ -22,9 +22,11 @@ from framework.errors import (
 )
 from framework.rpc.wire import CallError
 from framework.server import handler, hosted, open_server, remote, serve, service
+from framework.server.context import CallContext, current_call
 
 __all__ = [
     "AuthenticationError",
+    "CallContext",
     "CallError",
     "Client",
     "ConnectionLostError",
@@ -35,6 +37,7 @@ __all__ = [
     "Reply",
     "ServiceProxy",
     "connect",
+    "current_call",
     "handler",
     "hosted",
     "open_server",

@@ -131,13 +131,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve @service classes until Ctrl-C",
         description="Serve the @service classes of MODULE (or only MODULE:Class).",
     )
-    serve.add_argument("services", metavar="MODULE[:Class]", nargs="+")
+    serve.add_argument("services", metavar="MODULE[:Class]", nargs="*")
+    serve.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a TOML file: listen, [tls], [users], [[service]], [limits], [log] (flags win)",
+    )
     serve.add_argument(
         "--listen",
-        default="amqp://127.0.0.1:5672",
         metavar="URL",
-        help="where to listen (default %(default)s; port 0 picks a free port, logged)",
+        help=f"where to listen (default {_SERVE_URL}; port 0 picks a free port, logged)",
     )
+    serve.add_argument("--cert", metavar="PEM", help="certificate chain for an amqps:// listen")
+    serve.add_argument("--key", metavar="PEM", help="private key for an amqps:// listen")
+    serve.add_argument("--client-ca", metavar="PEM", help="CAs a client certificate must match")
     serve.add_argument(
         "--address", metavar="NAME", help="serve the (single) service under this address"
     )
@@ -292,24 +299,62 @@ def _jsonable(value: Any) -> Any:
 
 # -- serve -----------------------------------------------------------------------------------
 
+_SERVE_URL = "amqp://127.0.0.1:5672"
+
 
 def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from framework.io.toml_config import ConfigError, TlsFiles, server_tls_context
+    from framework.server.config import ServeConfig, ServiceEntry, load_serve_config
     from framework.server.service import hosted
     from framework.server.serving import serve
 
     sys.path.insert(0, os.getcwd())  # `serve mymodule` finds ./mymodule.py, as uvicorn does
     try:
-        services: list[Any] = [found for spec in options.services for found in _load(spec)]
+        config = ServeConfig() if options.config is None else load_serve_config(options.config)
+    except ConfigError as exc:  # it names the file, line and key: no more is needed
+        print(f"pairlink serve: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if config.log_level is not None or config.log_format is not None:  # flags still win
+        level = options.log_level or config.log_level or "info"
+        configure_stderr(level, options.log_format or config.log_format or "console")
+    entries = [ServiceEntry(spec) for spec in options.services] or list(config.services)
+    if not entries:
+        parser.error("no services: give MODULE[:Class], or [[service]] tables in --config")
+    try:
+        services = [(cls, entry) for entry in entries for cls in _load(entry.module)]
         if options.address is not None and len(services) != 1:
             parser.error(f"--address needs exactly one service, found {len(services)}")
     except (ImportError, AttributeError, TypeError, ValueError) as exc:
         parser.error(str(exc))
     try:  # created now: a constructor that needs arguments is one line, not a traceback
-        served = [hosted(cls, address=options.address) for cls in services]
+        served = [
+            hosted(
+                cls,
+                address=options.address or entry.address,
+                max_concurrency=entry.max_concurrency,
+                mailbox=entry.mailbox,
+            )
+            for cls, entry in services
+        ]
     except (TypeError, ValueError) as exc:
         print(f"pairlink serve: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    run = functools.partial(serve, *served, listen=options.listen)
+    listen = options.listen or config.listen or _SERVE_URL
+    tls = config.tls or TlsFiles("", "")
+    cert, key = options.cert or tls.cert, options.key or tls.key
+    ssl_context = None
+    if listen.startswith("amqps:"):
+        if not cert or not key:
+            parser.error("an amqps:// listen needs --cert and --key (or [tls] in --config)")
+        ssl_context = server_tls_context(cert, key, options.client_ca or tls.client_ca)
+    run = functools.partial(
+        serve,
+        *served,
+        listen=listen,
+        users=config.users,
+        ssl_context=ssl_context,
+        limits=config.limits,
+    )
     try:
         trio.run(_until_signal, run)
     except (OSError, PairlinkError, ValueError) as exc:

@@ -7,31 +7,24 @@ passwords come from the environment variables the file names (``password_env``).
 
 from __future__ import annotations
 
-import math
 import os
-import re
-import ssl
-import tomllib
 from collections.abc import Mapping, Set
 from pathlib import Path
-from typing import Any, NoReturn
-from urllib.parse import urlsplit
+from typing import Any
 
 import attrs
 
-from framework.gateway.toml_lines import KeyLines, KeyPath, dotted
 from framework.io.limits import Limits
-from framework.io.net import AmqpUrl
+from framework.io.toml_config import ConfigError, TomlReader, read_config_text, type_name
+from framework.io.toml_lines import KeyPath, dotted
+
+__all__ = ["MAX_PAIRS", "ConfigError", "GatewayConfig", "Route", "load_config", "parse_config"]
 
 MAX_PAIRS = 10_000
 """Pairs a gateway carries at once unless configured otherwise (``max_pairs``). A relayed pair
 measured about 13 KiB of gateway memory (RSS, its downstream and upstream halves and relay
 state), so the default holds pairs to about 130 MiB; past it a new pair is refused with
 ``amqp:resource-limit-exceeded``."""
-
-
-class ConfigError(ValueError):
-    """The configuration is malformed: the message names the file, line and key."""
 
 
 @attrs.frozen
@@ -96,19 +89,6 @@ _TOP_KEYS = (
     "users",
     "route",
 )
-_TLS_KEYS = ("cert", "key", "client_ca")
-_LIMIT_SECONDS = ("handshake_timeout", "login_penalty")
-_LIMIT_COUNTS = {  # key: what it counts, for the messages
-    "max_connections": "connections",
-    "max_outgoing_bytes": "bytes",
-    "max_message_size": "bytes",
-    "max_incomplete_bytes": "bytes",
-    "max_unsettled": "deliveries",
-    "max_decoded_elements": "values",
-    "handle_max": "handles",
-    "max_links": "links",
-}
-_USER_KEYS = ("password_env", "certificate")
 _ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
 
 
@@ -117,10 +97,7 @@ def load_config(
 ) -> GatewayConfig:
     """Read the config file at ``path``; relative file names in it are relative to its folder.
     ``ConfigError`` also for a file that cannot be read."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{os.fspath(path)}: cannot read the config: {exc}") from None
+    text = read_config_text(path)
     return parse_config(
         text, source=os.fspath(path), environ=environ, base=Path(path).resolve().parent
     )
@@ -140,95 +117,21 @@ def parse_config(
     The first mistake raises ``ConfigError("{source}:{line}: {key}: {problem}")``.
     """
     reader = _Reader(text, source, os.environ if environ is None else environ, base)
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        reader.syntax_error(str(exc))
-    return reader.config(document)
+    return reader.config(reader.parse(text))
 
 
-_TYPE_NAMES = {
-    bool: "a boolean",
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    dict: "a table",
-    list: "an array",
-}
-
-
-def _type_name(value: object) -> str:
-    return _TYPE_NAMES.get(type(value), "a date/time")
-
-
-class _Reader:
-    """Checks a parsed document key by key; each check names the key's path (for the line)."""
-
-    def __init__(
-        self,
-        text: str,
-        source: str,
-        environ: Mapping[str, str],
-        base: str | os.PathLike[str] | None,
-    ) -> None:
-        self.lines = KeyLines(text)
-        self.line_count = max(1, len(text.splitlines()))
-        self.source = source
-        self.environ = environ
-        self.base = Path.cwd() if base is None else Path(base)
-
-    def fail(self, path: KeyPath, problem: str, *, line: int | None = None) -> NoReturn:
-        line = self.lines.line(path) if line is None else line
-        raise ConfigError(f"{self.source}:{line}: {dotted(path)}: {problem}")
-
-    def syntax_error(self, message: str) -> NoReturn:
-        """tomllib says where, not which key: the locator reads the key on that line."""
-        at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
-        line = int(at.group(1)) if at else self.line_count  # "(at end of document)"
-        problem = message[: at.start()] if at else message.removesuffix(" (at end of document)")
-        where = f" at column {at.group(2)}" if at else " at the end"
-        self.fail(self.lines.key_at(line), f"not valid TOML: {problem}{where}", line=line)
-
-    # -- the document ---------------------------------------------------------------------
+class _Reader(TomlReader):
+    """The gateway's document, with the shared checks of :class:`TomlReader`."""
 
     def config(self, document: dict[str, Any]) -> GatewayConfig:
         self.keys(document, (), _TOP_KEYS)
         listen = self.url(self.required(document, (), "listen"), ("listen",))
         users = None
-        certificate_users: set[str] = set()
+        certificate_users: frozenset[str] = frozenset()
         if "users" in document:
-            users = {}
-            for name, entry in self.table(document["users"], ("users",), None).items():
-                here: KeyPath = ("users", name)
-                table = self.table(entry, here, _USER_KEYS)
-                if "certificate" not in table:
-                    users[name] = self.password(table, here, "password_env")
-                elif table["certificate"] is not True or "password_env" in table:
-                    self.fail(
-                        (*here, "certificate"),
-                        "certificate = true (a client certificate's user), or password_env",
-                    )
-                else:
-                    certificate_users.add(name)
-            if not users and not certificate_users:
-                self.fail(("users",), "no users: remove [users] to let anonymous peers in")
-        tls_cert = tls_key = client_ca = None
-        if "tls" in document:
-            tls = self.table(document["tls"], ("tls",), _TLS_KEYS)
-            if not listen.startswith("amqps:"):
-                self.fail(("tls",), "[tls] is for an amqps:// listen, and listen is amqp://")
-            cert, key = self.required(tls, ("tls",), "cert"), self.required(tls, ("tls",), "key")
-            tls_cert, tls_key = self.file(cert, ("tls", "cert")), self.file(key, ("tls", "key"))
-            try:  # refused now, with its line, rather than at the first inbound peer
-                ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
-                    tls_cert, tls_key
-                )
-            except OSError as exc:  # ssl.SSLError included
-                self.fail(("tls", "cert"), f"cert and key do not load as a PEM pair: {exc}")
-            if "client_ca" in tls:
-                client_ca = self.ca_file(tls["client_ca"], ("tls", "client_ca"))
-        elif listen.startswith("amqps:"):
-            self.fail(("listen",), "an amqps:// listen needs a [tls] table with cert and key")
+            users, certificate_users = self.users(document["users"])
+        tls = self.tls(document, ("listen",), listen.startswith("amqps:"))
+        client_ca = None if tls is None else tls.client_ca
         if certificate_users and client_ca is None:
             name = min(certificate_users)
             self.fail(("users", name, "certificate"), "needs [tls] client_ca to verify it")
@@ -245,29 +148,18 @@ class _Reader:
             listen=listen,
             routes=self.routes(document, None if users is None else {*users, *certificate_users}),
             users=users,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
+            tls_cert=None if tls is None else tls.cert,
+            tls_key=None if tls is None else tls.key,
             tls_client_ca=client_ca,
-            certificate_users=frozenset(certificate_users),
+            certificate_users=certificate_users,
             container_id=self.optional(document, (), "container_id"),
             **limits,
         )
 
-    def limits(self, value: object) -> Limits:
-        here: KeyPath = ("limits",)
-        table = self.table(value, here, (*_LIMIT_SECONDS, *_LIMIT_COUNTS))
-        fields: dict[str, Any] = {}
-        for key, item in table.items():
-            if key in _LIMIT_SECONDS:
-                fields[key] = self.seconds(item, (*here, key))
-            else:
-                fields[key] = self.count(item, (*here, key), _LIMIT_COUNTS[key])
-        return Limits(**fields)
-
     def routes(self, document: dict[str, Any], users: Set[str] | None) -> tuple[Route, ...]:
         tables = document.get("route")
         if not isinstance(tables, list) or not tables:
-            problem = "missing" if tables is None else f"{_type_name(tables)}, not [[route]] tables"
+            problem = "missing" if tables is None else f"{type_name(tables)}, not [[route]] tables"
             self.fail(("route",), f"{problem}: a gateway needs at least one [[route]] table")
         routes: list[Route] = []
         for index, table in enumerate(tables):
@@ -297,103 +189,13 @@ class _Reader:
             routes.append(Route(public, upstream, address, user, password, allow, ca))
         return tuple(routes)
 
-    # -- keys and values ------------------------------------------------------------------
-
-    def keys(self, table: dict[str, Any], path: KeyPath, known: tuple[str, ...]) -> None:
-        for key in table:
-            if key not in known:
-                self.fail((*path, key), f"unknown key (known here: {', '.join(known)})")
-
-    def table(self, value: object, path: KeyPath, known: tuple[str, ...] | None) -> dict[str, Any]:
-        """``value`` as a table of ``known`` keys (None: any key, e.g. user names)."""
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a table, got {_type_name(value)}")
-        if known is not None:
-            self.keys(value, path, known)
-        return value
-
-    def optional(self, table: dict[str, Any], path: KeyPath, key: str) -> str | None:
-        """A non-empty string, or None when absent."""
-        if key not in table:
-            return None
-        value = table[key]
-        if not isinstance(value, str):
-            self.fail((*path, key), f"expected a string, got {_type_name(value)}")
-        if not value:
-            self.fail((*path, key), "empty")
-        return value
-
-    def required(self, table: dict[str, Any], path: KeyPath, key: str) -> str:
-        value = self.optional(table, path, key)
-        if value is None:
-            self.fail((*path, key), "missing (required)")
-        return value
-
-    def url(self, value: str, path: KeyPath) -> str:
-        try:
-            url = AmqpUrl.parse(value)
-        except ValueError:
-            self.fail(path, f"{value!r} is not an amqp:// or amqps:// URL")
-        parts = urlsplit(value)
-        if url.username is not None or url.password is not None:
-            self.fail(path, "no credentials in the URL: use user and password_env")
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            self.fail(path, f"{value!r}: only amqp[s]://host[:port], no path or query")
-        return value
-
-    def seconds(self, value: object, path: KeyPath) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(path, f"expected seconds (a number), got {_type_name(value)}")
-        if not (0 < value < math.inf):
-            self.fail(path, f"{value} is not a positive number of seconds")
-        return float(value)
-
-    def count(self, value: object, path: KeyPath, things: str) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"expected a number of {things} (an integer), got {_type_name(value)}")
-        if value < 1:
-            self.fail(path, f"{value} is not a positive number of {things}")
-        return value
-
-    def password(
-        self, table: dict[str, Any], path: KeyPath, key: str, *, needed_by: str | None = None
-    ) -> str:
-        """The password in the environment variable that ``table[key]`` names."""
-        if needed_by is not None and key not in table:
-            self.fail((*path, needed_by), f"needs {key} (the variable holding its password)")
-        variable = self.required(table, path, key)
-        password = self.environ.get(variable)
-        if password is None:
-            self.fail((*path, key), f"environment variable {variable} is not set")
-        if not password:
-            self.fail((*path, key), f"environment variable {variable} is empty")
-        return password
-
     def allow(self, value: object, path: KeyPath, users: Set[str] | None) -> list[str]:
         if not isinstance(value, list) or not value:
-            got = "an empty array" if value == [] else _type_name(value)
+            got = "an empty array" if value == [] else type_name(value)
             self.fail(path, f"expected a non-empty array of [users] names, got {got}")
         for name in value:
             if not isinstance(name, str):
-                self.fail(path, f"expected names (strings), got {_type_name(name)} {name!r}")
+                self.fail(path, f"expected names (strings), got {type_name(name)} {name!r}")
             if users is None or name not in users:
                 self.fail(path, f"{name!r} is not a user of the [users] table")
         return value
-
-    def ca_file(self, value: object, path: KeyPath) -> str:
-        """A file of PEM CA certificates, checked now."""
-        if not isinstance(value, str) or not value:
-            self.fail(path, f"expected a file name, got {_type_name(value)}")
-        name = self.file(value, path)
-        try:
-            ssl.create_default_context(cafile=name)
-        except OSError as exc:
-            self.fail(path, f"no PEM CA certificates in {name}: {exc}")
-        return name
-
-    def file(self, value: str, path: KeyPath) -> str:
-        """``value`` made absolute against the base folder; the file must exist."""
-        resolved = self.base / Path(value).expanduser()
-        if not resolved.is_file():
-            self.fail(path, f"no such file: {resolved}")
-        return str(resolved)

@@ -34,6 +34,7 @@ from framework.gateway.upstream import Upstream
 from framework.io.connection import AmqpConnection
 from framework.io.listener import Listener, listen
 from framework.io.logs import get_logger
+from framework.io.toml_config import server_tls_context
 from framework.rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
 from framework.rpc.wire import CALL_ENVELOPE
 
@@ -206,12 +207,8 @@ class Gateway:
         config = self.config
         if config.tls_cert is None:
             return None
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(config.tls_cert, config.tls_key)
-        if config.tls_client_ca is not None:  # mutual TLS: no peer without a signed certificate
-            context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(cafile=config.tls_client_ca)
-        return context
+        assert config.tls_key is not None  # the config requires both
+        return server_tls_context(config.tls_cert, config.tls_key, config.tls_client_ca)
 
     def start_soon(self, task: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run a relay's set-up task for as long as the gateway runs."""

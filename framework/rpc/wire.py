@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -229,18 +230,30 @@ def reply_message(request: Request, value: Any, *, to: str | None) -> Message:
     return message
 
 
+def with_status(extra: Mapping[str, Any], status: int, description: str) -> dict[str, Any]:
+    """A reply's application-properties: a handler's ``extra`` entries, under the status,
+    which they never override."""
+    return {**extra, STATUS_CODE: Int(status), STATUS_DESCRIPTION: description}
+
+
 _OK_STATUS = encode(ApplicationProperties({STATUS_CODE: Int(OK), STATUS_DESCRIPTION: "OK"}))
 
 
-def encode_reply(request: Request, value: Any, *, to: str | None) -> bytes:
+def encode_reply(
+    request: Request, value: Any, *, to: str | None, extra: Mapping[str, Any] | None = None
+) -> bytes:
     """The bytes of ``reply_message(request, value, to=to)``, written without building the
     message: the service sends one for every call, and the status section of every success
-    is the same bytes, encoded once here."""
+    is the same bytes, encoded once here. ``extra``: application-properties the handler
+    added (:func:`with_status`)."""
     body, kind, content_type = encoded_body(value, reply_encoding(request.encoding))
     properties = Properties(correlation_id=request.message_id, to=to, content_type=content_type)
     out = bytearray()
     encode_into(properties, out)
-    out += _OK_STATUS
+    if extra:
+        encode_into(ApplicationProperties(with_status(extra, OK, "OK")), out)
+    else:
+        out += _OK_STATUS
     encode_body(body, kind, out)
     return bytes(out)
 
@@ -253,12 +266,16 @@ def error_message(
     to: str | None,
     error_type: str | None = None,
     ref: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Message:
     """A failure reply: the status and description, the exception type the service discloses,
-    and the reference id of its log entry (``ERROR_REF``), when there are such."""
+    and the reference id of its log entry (``ERROR_REF``), when there are such; ``extra``:
+    application-properties the handler added (:func:`with_status`)."""
     message = _reply(request, to, status, description)
     app = message.application_properties
     assert app is not None
+    if extra:
+        message.application_properties = app = with_status(extra, status, description)
     if error_type is not None:
         app[ERROR_TYPE] = error_type
     if ref is not None:

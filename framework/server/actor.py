@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
@@ -61,6 +62,7 @@ from framework.rpc.wire import (
     error_message,
     parse_request,
 )
+from framework.server.context import CallContext, handling
 from framework.server.dedup import DedupStore, Outcome
 from framework.server.mailbox import CreditedLink, Mailbox
 from framework.server.service import Hosted, Operation
@@ -109,6 +111,23 @@ class Call:
     origin: Origin
     delivery: Delivery
     key: str | None = None  # its message-id, while it is the running copy of a tracked id
+    context: CallContext | None = None  # built when its handler first asks (current_call)
+
+    def call_context(self) -> CallContext:
+        """The handler's view of this call, built once, on demand: most handlers never ask."""
+        if self.context is None:
+            conn = self.origin.end.conn
+            opened = conn.engine.remote_open
+            request = self.request
+            self.context = CallContext(
+                request.message_id,
+                conn.sasl_identity,
+                None if opened is None else opened.container_id,
+                conn.peer,
+                request.deadline,
+                MappingProxyType(request.message.application_properties or {}),
+            )
+        return self.context
 
 
 class Actor:
@@ -318,12 +337,14 @@ class Actor:
         value: Any = None,
         error_type: str | None = None,
         ref: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Send the reply to ``request`` (a value for 200, else the status), settle the
-        request, and free the call's slot once the reply has left."""
+        request, and free the call's slot once the reply has left. ``extra``: the
+        application-properties its handler added (``CallContext.reply_properties``)."""
         try:
             payload = self._reply_payload(
-                route, origin, request, status, description, value, error_type, ref
+                route, origin, request, status, description, value, error_type, ref, extra
             )
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
@@ -352,20 +373,22 @@ class Actor:
         value: Any,
         error_type: str | None,
         ref: str | None,
+        extra: dict[str, Any] | None,
     ) -> bytes:
-        """The encoded reply: the value for 200 (an undisclosed 500 if it cannot be encoded:
-        the failure describes the result, which is the service's business), else the status;
-        a 500 as well if it would exceed what the caller's link accepts."""
+        """The encoded reply: the value for 200 (an undisclosed 500 if it or ``extra`` cannot
+        be encoded: the failure describes the result, which is the service's business), else
+        the status; a 500 as well if it would exceed what the caller's link accepts."""
         to = route.to
         if status == OK:
             try:
-                return self._fit(route, request, encode_reply(request, value, to=to))
+                return self._fit(route, request, encode_reply(request, value, to=to, extra=extra))
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
                 status = INTERNAL_ERROR
                 detail = f"cannot encode the result: {exc}"
                 description, error_type, ref = self._undisclosed(
                     "reply.unencodable", origin, request, exc, detail
                 )
+                extra = None
         if status >= INTERNAL_ERROR or status == TIMEOUT:
             self.log.info(
                 "call.answered",
@@ -374,7 +397,9 @@ class Actor:
                 status=status,
                 why=description,
             )
-        message = error_message(request, status, description, to=to, error_type=error_type, ref=ref)
+        message = error_message(
+            request, status, description, to=to, error_type=error_type, ref=ref, extra=extra
+        )
         return self._fit(route, request, message.encode())
 
     @staticmethod
@@ -430,7 +455,11 @@ class Actor:
             limit = trio.current_time() + (request.deadline - now)
         self.running += 1
         try:
-            with deadline.serving(request.deadline), trio.CancelScope(deadline=limit) as scope:
+            with (
+                deadline.serving(request.deadline),
+                handling(call),
+                trio.CancelScope(deadline=limit) as scope,
+            ):
                 self._scopes.add(scope)
                 try:
                     value = await self._invoke(operation, call)
@@ -449,7 +478,7 @@ class Actor:
     def _run_inline(self, call: Call) -> None:
         self.running += 1
         try:
-            with deadline.serving(call.request.deadline):
+            with deadline.serving(call.request.deadline), handling(call):
                 value = call.operation.function(self.instance, *call.args, **call.kwargs)
         except Exception as exc:
             self._failed(call, exc)
@@ -516,6 +545,7 @@ class Actor:
         error_type: str | None = None,
         ref: str | None = None,
     ) -> None:
+        context = call.context
         self.respond(
             call.route,
             call.origin,
@@ -526,6 +556,7 @@ class Actor:
             value,
             error_type,
             ref,
+            None if context is None else context.reply_properties,
         )
         if call.key is not None and self.dedup is not None:
             outcome = Outcome(status, description, value, error_type, ref)

@@ -1,5 +1,5 @@
 """Gateway config: a valid file read in full, and every kind of mistake refused with the file,
-line and key in the message (framework/gateway/config.py, toml_lines.py)."""
+line and key in the message (framework/gateway/config.py, framework/io/toml_lines.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from framework.gateway.config import (
     load_config,
     parse_config,
 )
-from framework.gateway.toml_lines import KeyLines, dotted
 from framework.io.limits import Limits
+from framework.io.toml_lines import KeyLines, dotted
 from tests.tls import TlsFiles
 
 ENV = {"GN_APPS_PASSWORD": "apps-secret", "GN_OPS_PASSWORD": "ops-secret", "GN_UP": "up-secret"}

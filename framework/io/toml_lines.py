@@ -1,7 +1,7 @@
 """Where each key of a TOML document is written: ``tomllib`` returns values without positions,
 and a config error must name its line.
 
-This is a locator, not a parser: it reads the subset a gateway config uses (top-level keys,
+This is a locator, not a parser: it reads the subset pairlink's configs use (top-level keys,
 ``[table]`` and ``[[array-of-tables]]`` headers, ``key = value`` lines with bare, quoted or
 dotted keys) and skips over values, including arrays and multi-line strings that span lines.
 Keys inside an inline table or array (``{ password_env = "X" }``) are not recorded: they are on
