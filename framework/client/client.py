@@ -36,7 +36,7 @@ import trio
 from framework.amqp import errors as conditions
 from framework.amqp.messaging import BodyKind
 from framework.client.pairs import CallConnection, CallPair
-from framework.client.reply import Reply, request_message
+from framework.client.reply import Reply, compose_request
 from framework.client.timeouts import Timeouts
 from framework.errors import (
     AuthenticationError,
@@ -314,7 +314,7 @@ class Client:
         """
         label = subject or "request"
         deadline_at = self._deadline_at(address, label, timeout)
-        message = request_message(
+        message = compose_request(
             body,
             body_kind=body_kind,
             subject=subject,

@@ -68,7 +68,7 @@ class Reply:
         return None
 
 
-def request_message(
+def compose_request(
     body: Any,
     *,
     body_kind: BodyKind,

@@ -539,3 +539,13 @@ def requests_on(decoded: Decoded, operation: str) -> list[TapMessage]:
 
 def names_in(frames: Sequence[Any]) -> set[str]:
     return {f.name for f in frames if isinstance(f, Attach)}
+
+
+def routed_request(i: int, to: str | None, operation: str = "echo") -> Message:
+    """A request for the routing node (LP-9), to ``to``."""
+    message = wire.request_message(
+        operation, [f"routed-{i}"], {}, message_id=f"routed-{i}", now=wall_time(), timeout=10
+    )
+    assert message.properties is not None
+    message.properties.to = to
+    return message

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import signal
-import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ from framework.amqp import errors as conditions
 from framework.amqp.connection import Connection
 from framework.amqp.events import ConnectionOpened
 from framework.amqp.framing import FrameReader, encode_frame
-from framework.amqp.messaging import Message, Source, Target
+from framework.amqp.messaging import Source, Target
 from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close, Detach, End
 from framework.amqp.session import Session
 from framework.errors import LinkDetachedError
@@ -50,6 +49,7 @@ from tests.gateway.chain import (
     attach_pair,
     echo_on,
     open_chain,
+    routed_request,
     wait_until,
 )
 from tests.test_client_cli import Served
@@ -287,18 +287,18 @@ async def test_lp9_a_routing_node_and_each_of_its_legs_count_against_max_pairs()
         assert gn is not None
         sender, receiver = attach_pair(conn, "node", address=None, credit=10)
         with trio.fail_after(10):
-            to_public = routed(1, PUBLIC, "echo")
+            to_public = routed_request(1, PUBLIC, "echo")
             await sender.send(to_public, settled=True)
             assert wire.parse_reply((await receiver.receive()).message) == "routed-1"
             assert gn.pairs.used == limit
             # a second route needs a second leg: no place left, the request is rejected
-            delivery = await sender.send(routed(2, SLOW, "hold"), settled=False)
+            delivery = await sender.send(routed_request(2, SLOW, "hold"), settled=False)
         state = delivery.remote_state
         assert state is not None and state.error is not None
         assert state.error.condition == conditions.RESOURCE_LIMIT_EXCEEDED
         assert SLOW.encode() not in chain.gn_go.all_bytes()
         with trio.fail_after(10):  # the node and its first leg go on
-            await sender.send(routed(3, PUBLIC, "echo"), settled=True)
+            await sender.send(routed_request(3, PUBLIC, "echo"), settled=True)
             assert wire.parse_reply((await receiver.receive()).message) == "routed-3"
         # and a new pair is refused meanwhile
         other = attach_pair(conn, "other")
@@ -308,16 +308,6 @@ async def test_lp9_a_routing_node_and_each_of_its_legs_count_against_max_pairs()
         sender.detach()
         receiver.detach()
         await wait_until(lambda: gn.pairs.used == 0)
-
-
-def routed(i: int, to: str, operation: str) -> Message:
-    """A request for the routing node, to ``to``."""
-    message = wire.request_message(
-        operation, [f"routed-{i}"], {}, message_id=f"routed-{i}", now=time.time(), timeout=10
-    )
-    assert message.properties is not None
-    message.properties.to = to
-    return message
 
 
 # -- memory -------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from proton import Message as ProtonMessage
 
 from framework import Client, connect, hosted, open_server
 from framework.amqp import errors as conditions
-from framework.amqp.messaging import Accepted, Error, Message, Rejected
+from framework.amqp.messaging import Accepted, Error, Rejected
 from framework.amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
@@ -42,7 +42,7 @@ from framework.errors import (
 from framework.io import net
 from framework.io.connection import AmqpConnection
 from framework.io.links import Receiver, Sender, open_receiver, open_sender
-from framework.rpc import deadline, wire
+from framework.rpc import wire
 from framework.rpc.linkpair import is_paired, paired_properties
 from services.echo import Echo
 from tests.gateway.chain import (
@@ -68,6 +68,7 @@ from tests.gateway.chain import (
     names_in,
     open_chain,
     requests_on,
+    routed_request,
     wait_until,
 )
 from tests.interop.proton_peers import run_client
@@ -339,20 +340,6 @@ async def test_lp11_non_paired_attach_is_not_implemented(chain: Chain) -> None:
 
 
 # -- LP-9: the routing node -------------------------------------------------------------------
-
-
-def routed_request(i: int, to: str | None, operation: str = "echo") -> Message:
-    message = wire.request_message(
-        operation,
-        [f"routed-{i}"],
-        {},
-        message_id=f"routed-{i}",
-        now=deadline.wall_time(),
-        timeout=10,
-    )
-    assert message.properties is not None
-    message.properties.to = to
-    return message
 
 
 async def test_lp9_routing_node_routes_each_message_by_its_to(chain: Chain) -> None:
