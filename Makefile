@@ -14,7 +14,7 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
-EXTRAS ?= test,dev,spark
+EXTRAS ?= test,dev,spark,metrics,tracing
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 FUZZ_STAMP   := $(VENV)/.fuzz-installed

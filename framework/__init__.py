@@ -20,9 +20,10 @@ from framework.errors import (
     PairlinkError,
     RemoteError,
 )
+from framework.rpc.tracing import TraceContext, current_trace, use_trace
 from framework.rpc.wire import CallError
 from framework.server import handler, hosted, open_server, remote, serve, service
-from framework.server.context import CallContext, current_call
+from framework.server.context import CallContext, Middleware, Proceed, current_call
 
 __all__ = [
     "AuthenticationError",
@@ -32,16 +33,21 @@ __all__ = [
     "ConnectionLostError",
     "LinkDetachedError",
     "MessageTooLargeError",
+    "Middleware",
     "PairlinkError",
+    "Proceed",
     "RemoteError",
     "Reply",
     "ServiceProxy",
+    "TraceContext",
     "connect",
     "current_call",
+    "current_trace",
     "handler",
     "hosted",
     "open_server",
     "remote",
     "serve",
     "service",
+    "use_trace",
 ]

@@ -29,7 +29,7 @@ import trio
 
 from framework.client.reply import Reply
 from framework.errors import PairlinkError, RemoteError
-from framework.io.logs import FORMATS, configure_stderr, get_logger
+from framework.io.logs import FORMATS, configure_stderr, get_logger, tag_process
 from framework.rpc import wire
 from framework.rpc.deadline import wall_time
 from framework.rpc.payload import Encoding
@@ -140,13 +140,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--listen",
         metavar="URL",
-        help=f"where to listen (default {_SERVE_URL}; port 0 picks a free port, logged)",
+        action="append",
+        help=f"where to listen, amqp:// or amqps://; repeat it for several listeners (default "
+        f"{_SERVE_URL}; port 0 picks a free port, logged)",
     )
     serve.add_argument("--cert", metavar="PEM", help="certificate chain for an amqps:// listen")
     serve.add_argument("--key", metavar="PEM", help="private key for an amqps:// listen")
     serve.add_argument("--client-ca", metavar="PEM", help="CAs a client certificate must match")
     serve.add_argument(
         "--address", metavar="NAME", help="serve the (single) service under this address"
+    )
+    _add_metrics_option(serve)
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="serve in N processes sharing the port (Linux SO_REUSEPORT), each restarted if "
+        "it dies (default 1: this process alone)",
     )
 
     health = commands.add_parser(
@@ -178,9 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="the gateway's TOML config; passwords come from the variables it names",
     )
+    _add_metrics_option(gateway)
     for subcommand in commands.choices.values():
         _add_log_options(subcommand, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_metrics_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics over HTTP there (port 0 picks a free port, logged); "
+        "needs the metrics extra (prometheus_client)",
+    )
 
 
 def _add_log_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -217,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _health(options)
     if options.command == "gateway":
         return _gateway(options)
-    return _serve(options, parser)
+    return _serve(options, parser, sys.argv[1:] if argv is None else list(argv))
 
 
 # -- call ------------------------------------------------------------------------------------
@@ -302,12 +322,14 @@ def _jsonable(value: Any) -> Any:
 _SERVE_URL = "amqp://127.0.0.1:5672"
 
 
-def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
     from framework.io.toml_config import ConfigError, TlsFiles, server_tls_context
     from framework.server.config import ServeConfig, ServiceEntry, load_serve_config
     from framework.server.service import hosted
     from framework.server.serving import serve
+    from framework.server.workers import serve_worker, supervise, worker_settings
 
+    worker = worker_settings()  # set in the processes of --workers only
     sys.path.insert(0, os.getcwd())  # `serve mymodule` finds ./mymodule.py, as uvicorn does
     try:
         config = ServeConfig() if options.config is None else load_serve_config(options.config)
@@ -333,17 +355,29 @@ def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 address=options.address or entry.address,
                 max_concurrency=entry.max_concurrency,
                 mailbox=entry.mailbox,
+                dedup_window=entry.dedup_window,
+                dedup_size=entry.dedup_size,
             )
             for cls, entry in services
         ]
     except (TypeError, ValueError) as exc:
         print(f"pairlink serve: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    listen = options.listen or config.listen or _SERVE_URL
+    listen = options.listen or list(config.listen) or [_SERVE_URL]  # --listen replaces the file's
+    if worker is not None:  # the same URLs, with the ports its supervisor holds for all workers
+        listen = list(worker.listen)
+    workers = options.workers or config.workers or 1
+    if workers < 1:
+        parser.error(f"--workers must be at least 1, not {workers}")
+    metrics_listen = options.metrics_listen or config.metrics_listen
+    if worker is not None:
+        tag_process(worker=worker.index)
+        if metrics_listen is not None:  # each worker has an endpoint of its own
+            metrics_listen = worker.metrics_listen(metrics_listen)
     tls = config.tls or TlsFiles("", "")
     cert, key = options.cert or tls.cert, options.key or tls.key
     ssl_context = None
-    if listen.startswith("amqps:"):
+    if any(url.startswith("amqps:") for url in listen):
         if not cert or not key:
             parser.error("an amqps:// listen needs --cert and --key (or [tls] in --config)")
         ssl_context = server_tls_context(cert, key, options.client_ca or tls.client_ca)
@@ -352,10 +386,19 @@ def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         *served,
         listen=listen,
         users=config.users,
+        # with [users], only its certificate users; without, any certificate client_ca verified
+        certificate_users=None if config.users is None else config.certificate_users,
         ssl_context=ssl_context,
         limits=config.limits,
+        reuse_port=worker is not None,
+        metrics_listen=metrics_listen,
     )
+    if worker is not None:
+        run = functools.partial(serve_worker, run, worker)
     try:
+        if worker is None and workers > 1:  # its workers serve; it takes the signals itself
+            command = [sys.executable, "-m", "framework", *argv]
+            return trio.run(supervise, command, listen, workers)
         trio.run(_until_signal, run)
     except (OSError, PairlinkError, ValueError) as exc:
         print(f"pairlink serve: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -438,7 +481,7 @@ def _exit_now(signum: int) -> NoReturn:
 def _health(options: argparse.Namespace) -> int:
     """One line, like grpc_health_probe: the status on stdout, or why there is none on stderr;
     0 only for a server that is serving (draining is as good as gone to an orchestrator)."""
-    from framework.server.health import SERVING, check_health
+    from framework.client.health import SERVING, check_health
 
     run = functools.partial(check_health, options.url, options.service, timeout=options.timeout)
     try:
@@ -458,6 +501,8 @@ def _gateway(options: argparse.Namespace) -> int:
 
     try:
         config = load_config(options.config)
+        if options.metrics_listen is not None:  # the flag wins over the file
+            config = attrs.evolve(config, metrics_listen=options.metrics_listen)
         trio.run(_until_signal, functools.partial(run_gateway, config))
     except ConfigError as exc:  # it names the file, line and key: no more is needed
         print(f"pairlink gateway: {exc}", file=sys.stderr)

@@ -184,15 +184,25 @@ def test_sh_command_exists_with_its_flags(command: Command) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_sh_serve_and_calls_run() -> None:
-    """The README's ``pairlink serve`` line, on a free port instead of 5672, then every
-    ``pairlink call`` line against it."""
-    (serve,) = [c for c in COMMANDS if c.pairlink and c.argv[1] == "serve"]
+@pytest.mark.parametrize(
+    "serve",
+    [c for c in COMMANDS if c.pairlink and c.argv[1] == "serve"],
+    ids=lambda c: f"{c.block.name}:serve",
+)
+def test_sh_serve_and_calls_run(serve: Command) -> None:
+    """Each of the README's ``pairlink serve`` lines, on free ports instead of the README's,
+    then every ``pairlink call`` line against it."""
     calls = [c for c in COMMANDS if c.pairlink and c.argv[1] == "call" and README_URL in c.argv]
     assert calls
-    args = [arg.replace(README_URL, "amqp://127.0.0.1:0") for arg in serve.argv[2:]]
+    args = [
+        "amqp://127.0.0.1:0"
+        if arg == README_URL
+        else re.sub(r"^127\.0\.0\.1:\d+$", "127.0.0.1:0", arg)
+        for arg in serve.argv[2:]
+    ]
     with Served(*args) as served:
-        url = served.url()
+        # with --workers, the supervisor's line says that every worker serves
+        url = served.url("serve.listening" if "--workers" in args else "server.listening")
         for call in calls:
             argv = [url if arg == README_URL else arg for arg in call.argv[2:]]
             done = subprocess.run(

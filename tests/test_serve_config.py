@@ -1,5 +1,6 @@
 """``pairlink serve --config FILE``: mistakes named as ``file:line: key: problem``, a config
-with TLS and users that serves over amqps, and flags that override the file."""
+with TLS and users that serves over amqps, several listeners (amqp:// and mutual-TLS amqps://
+at once, certificate users), per-service dedup, and flags that override the file."""
 
 from __future__ import annotations
 
@@ -8,22 +9,75 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import trio
 
+from framework import current_call, handler, hosted, open_server, remote, service
 from framework.client import blocking
-from framework.errors import PairlinkError
-from framework.server.config import ConfigError, parse_serve_config
+from framework.client.client import connect
+from framework.errors import ConnectionLostError, PairlinkError
+from framework.io.limits import Limits
+from framework.io.toml_config import TlsFiles as ConfigTlsFiles
+from framework.server.config import ConfigError, ServiceEntry, parse_serve_config
 from tests.test_cli_serve import PAIRLINK, workdir  # noqa: F401 - fixture
 from tests.test_client_cli import Served, restore_logging  # noqa: F401 - autouse fixture
-from tests.tls import make_tls_files
+from tests.tls import CLIENT_IDENTITY, TlsFiles, make_tls_files
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ('listen = "amqp://127.0.0.1:0"\nport = 1\n', r"^<config>:2: port: unknown key"),
+        ("listen = []\n", r"^<config>:1: listen: an empty array: give a URL, or leave listen out$"),
         (
-            'listen = ["amqp://127.0.0.1:1", "amqp://127.0.0.1:2"]\n',
-            r"^<config>:1: listen: 2 URLs: serve listens on exactly one today$",
+            'listen = [\n  "amqp://127.0.0.1:1",\n  "amqps://127.0.0.1:2",\n]\n',
+            r"^<config>:3: listen\[2\]: an amqps:// listen needs a \[tls\] table",
+        ),
+        (
+            'listen = [\n  "amqp://127.0.0.1:1",\n  "http://127.0.0.1:2",\n]\n',
+            r"^<config>:3: listen\[2\]: 'http://127.0.0.1:2' is not an amqp:// or amqps:// URL$",
+        ),
+        (
+            'listen = ["amqp://127.0.0.1:1", "amqp://127.0.0.1:1"]\n',
+            r"^<config>:1: listen\[2\]: 'amqp://127.0.0.1:1' is listed twice$",
+        ),
+        (
+            'listen = ["amqp://127.0.0.1:1", 5]\n',
+            r"^<config>:1: listen\[2\]: expected a URL \(a string\), got an integer$",
+        ),
+        (
+            '\nmetrics_listen = "9464"\n',
+            r"^<config>:2: metrics_listen: '9464' is not HOST:PORT",
+        ),
+        ("metrics_listen = 9464\n", r"^<config>:1: metrics_listen: expected a string"),
+        (
+            'metrics_listen = "127.0.0.1:70000"\n',
+            r"^<config>:1: metrics_listen: '127.0.0.1:70000' is not HOST:PORT",
+        ),
+        ("\nworkers = 0\n", r"^<config>:2: workers: 0 is not a positive number of processes$"),
+        ("workers = 1.5\n", r"^<config>:1: workers: expected a number of processes \(an integer\)"),
+        (
+            '[[service]]\nmodule = "m"\ndedup_window = 0\n',
+            r"^<config>:3: service\[1\]\.dedup_window: 0 is not a positive number of seconds$",
+        ),
+        (
+            '[[service]]\nmodule = "m"\ndedup_window = "1m"\n',
+            r"^<config>:3: service\[1\]\.dedup_window: expected seconds \(a number\)",
+        ),
+        (
+            '[[service]]\nmodule = "m"\n\ndedup_size = -3\n',
+            r"^<config>:4: service\[1\]\.dedup_size: -3 is not a positive number of replies$",
+        ),
+        (
+            "[users.robot]\ncertificate = true\n",
+            r"^<config>:2: users\.robot\.certificate: needs \[tls\] client_ca to verify it$",
+        ),
+        (
+            '[users.robot]\ncertificate = "yes"\n',
+            r"^<config>:2: users\.robot\.certificate: certificate = true",
+        ),
+        (
+            '[users]\nrobot = { certificate = true, password_env = "X" }\n',
+            r"^<config>:2: users\.robot\.certificate: certificate = true",
         ),
         (
             '[[service]]\nmodule = "m"\n\n[[service]]\nmodule = "n"\nmailbox = "big"\n',
@@ -46,6 +100,85 @@ from tests.tls import make_tls_files
 def test_each_mistake_names_its_line_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_serve_config(text, environ={})
+
+
+def test_every_key_is_read(tls_files: TlsFiles) -> None:
+    """A config with every key (the README's example, with this test's files)."""
+    text = textwrap.dedent(f"""\
+        listen = ["amqp://127.0.0.1:5672", "amqps://0.0.0.0:5671"]
+        metrics_listen = "127.0.0.1:9464"
+        workers = 1
+
+        [tls]
+        cert = "{tls_files.server_cert}"
+        key = "{tls_files.server_key}"
+        client_ca = "{tls_files.ca_cert}"
+
+        [users.alice]
+        password_env = "ALICE_PASSWORD"
+
+        [users.{CLIENT_IDENTITY}]
+        certificate = true
+
+        [[service]]
+        module = "billing:Invoices"
+        address = "invoices"
+        max_concurrency = 8
+        mailbox = 64
+        dedup_window = 300
+        dedup_size = 50000
+
+        [[service]]
+        module = "billing"
+
+        [limits]
+        handshake_timeout = 5
+        max_connections = 1000
+
+        [log]
+        level = "warning"
+        format = "json"
+    """)
+    config = parse_serve_config(text, environ={"ALICE_PASSWORD": "s3cret"})
+    assert config.listen == ("amqp://127.0.0.1:5672", "amqps://0.0.0.0:5671")
+    assert config.metrics_listen == "127.0.0.1:9464"
+    assert config.workers == 1
+    assert config.tls == ConfigTlsFiles(
+        str(tls_files.server_cert), str(tls_files.server_key), str(tls_files.ca_cert)
+    )
+    assert config.users == {"alice": "s3cret"}
+    assert config.certificate_users == {CLIENT_IDENTITY}
+    assert config.services == (
+        ServiceEntry("billing:Invoices", "invoices", 8, 64, 300.0, 50000),
+        ServiceEntry("billing"),
+    )
+    assert config.limits == Limits(handshake_timeout=5.0, max_connections=1000)
+    assert (config.log_level, config.log_format) == ("warning", "json")
+
+
+def test_a_tls_table_without_listen_is_for_the_command_line(tls_files: TlsFiles) -> None:
+    """``--listen amqps://...`` on the command line may take its certificate from the file."""
+    text = f'[tls]\ncert = "{tls_files.server_cert}"\nkey = "{tls_files.server_key}"\n'
+    config = parse_serve_config(text, environ={})
+    assert config.listen == ()
+    assert config.tls is not None
+
+
+@service("ledger", dedup_window=10)
+class Ledger:
+    @handler
+    async def ping(self) -> str:
+        return "pong"
+
+
+def test_hosted_overrides_dedup() -> None:
+    spec = hosted(Ledger, dedup_window=2.5, dedup_size=7).spec
+    assert (spec.dedup_window, spec.dedup_size) == (2.5, 7)
+    assert hosted(Ledger, dedup_size=3).spec.dedup_window == 10  # the class's, kept
+    with pytest.raises(ValueError, match=r"@service\('ledger'\): dedup_window must be > 0"):
+        hosted(Ledger, dedup_window=0)
+    with pytest.raises(ValueError, match=r"@service\('other'\): dedup_size must be an int"):
+        hosted(Ledger, address="other", dedup_size=0)
 
 
 def test_the_command_exits_1_with_the_file_line_and_key(tmp_path: Path) -> None:
@@ -133,3 +266,167 @@ def test_serve_listen_amqps_with_cert_and_key_flags(workdir: Path) -> None:  # n
         url = served.url()
         with blocking.connect(url, ssl_context=tls.client_context(), timeout=10) as client:
             assert client.call("stuck", "echo", "tls") == "tls"
+
+
+WHO = """
+from framework import current_call, handler, service
+
+
+@service("who")
+class Who:
+    @handler
+    async def whoami(self):
+        return current_call().user
+
+
+@service("counter")
+class Counter:
+    def __init__(self):
+        self.runs = 0
+
+    @handler
+    async def bump(self):
+        self.runs += 1
+        return self.runs
+"""
+
+
+def test_two_listeners_mutual_tls_and_users_from_one_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """amqp:// and amqps:// (mutual TLS) at once; a password user on both, a certificate user
+    by SASL EXTERNAL; no anonymous peer, no TLS peer without a certificate; and the file's
+    dedup reaches the service."""
+    (tmp_path / "who.py").write_text(WHO)
+    tls = make_tls_files(tmp_path / "pki")
+    monkeypatch.setenv("PAIRLINK_TEST_ALICE", "s3cret")
+    config = tmp_path / "serve.toml"
+    config.write_text(
+        textwrap.dedent(f"""\
+            listen = [
+                "amqp://127.0.0.1:0",
+                "amqps://127.0.0.1:0",
+            ]
+
+            [tls]
+            cert = "{tls.server_cert}"
+            key = "{tls.server_key}"
+            client_ca = "{tls.ca_cert}"
+
+            [users.alice]
+            password_env = "PAIRLINK_TEST_ALICE"
+
+            [users.{CLIENT_IDENTITY}]
+            certificate = true
+
+            [[service]]
+            module = "who:Who"
+
+            [[service]]
+            module = "who:Counter"
+            dedup_window = 60
+        """)
+    )
+    with Served("--config", str(config), program=PAIRLINK, cwd=tmp_path) as served:
+        plain, secure = served.url(), served.url()  # one line per listener, in file order
+        assert plain.startswith("amqp://127.0.0.1:")
+        assert secure.startswith("amqps://127.0.0.1:")
+        plain_at, secure_at = plain.removeprefix("amqp://"), secure.removeprefix("amqps://")
+        with blocking.connect(f"amqp://alice:s3cret@{plain_at}", timeout=10) as client:
+            assert client.call("who", "whoami") == "alice"
+            assert client.call("counter", "bump", message_id="job-1") == 1
+            assert client.call("counter", "bump", message_id="job-1") == 1  # the kept reply
+            assert client.call("counter", "bump", message_id="job-2") == 2
+        with_cert = tls.client_context(with_client_cert=True)
+        with blocking.connect(
+            f"amqps://{secure_at}", ssl_context=with_cert, sasl="EXTERNAL", timeout=10
+        ) as client:
+            assert client.call("who", "whoami") == CLIENT_IDENTITY
+        with blocking.connect(
+            f"amqps://alice:s3cret@{secure_at}", ssl_context=with_cert, timeout=10
+        ) as client:
+            assert client.call("who", "whoami") == "alice"
+        with pytest.raises(ConnectionLostError):  # mutual TLS: no certificate, no connection
+            blocking.connect(
+                f"amqps://alice:s3cret@{secure_at}",
+                ssl_context=tls.client_context(),
+                timeout=10,
+                reconnect=False,
+            ).close()
+        with pytest.raises(PairlinkError, match=r"(?i)anonymous|sasl|auth"):  # users required
+            blocking.connect(plain, timeout=10, reconnect=False).close()
+
+
+def test_listen_flags_replace_the_files_list(workdir: Path) -> None:  # noqa: F811 - the fixture
+    config = workdir / "serve.toml"
+    config.write_text('listen = ["amqp://127.0.0.1:1", "amqp://127.0.0.1:2"]\n')
+    args = ("mymodule", "--config", str(config))
+    listen = ("--listen", "amqp://127.0.0.1:0", "--listen", "amqp://localhost:0")
+    with Served(*args, *listen, program=PAIRLINK, cwd=workdir) as served:
+        first, second = served.url(), served.url()
+        assert first.startswith("amqp://127.0.0.1:")
+        assert second.startswith("amqp://localhost:")
+        assert {first[-2:], second[-2:]}.isdisjoint({":1", ":2"})
+        for url in (first, second):
+            with blocking.connect(url, timeout=10) as client:
+                assert client.call("stuck", "echo", url) == url
+
+
+@service("relay", max_concurrency=2)  # ask() calls whoami() on itself
+class Relay:
+    @handler
+    async def whoami(self) -> str | None:
+        return current_call().user
+
+    @handler
+    async def ask(self) -> str | None:
+        """Through ``remote()``: the server's own connection, to its first listener."""
+        return await (await remote("relay")).whoami()  # type: ignore[no-any-return]
+
+
+async def test_open_server_listens_on_each_url_with_tls_on_the_amqps_ones_only(
+    tls_files: TlsFiles,
+) -> None:
+    async with open_server(
+        Relay,
+        listen=["amqp://127.0.0.1:0", "amqps://127.0.0.1:0"],
+        ssl_context=tls_files.server_context(require_client_cert=True),
+        certificate_users={CLIENT_IDENTITY},
+    ) as server:
+        assert len(server.urls) == 2
+        assert server.url == server.urls[0] == f"amqp://127.0.0.1:{server.port}"
+        assert server.urls[1].startswith("amqps://127.0.0.1:")
+        with trio.fail_after(10):
+            async with connect(
+                server.urls[1],
+                ssl_context=tls_files.client_context(with_client_cert=True),
+                sasl="EXTERNAL",
+            ) as client:
+                assert await client.call("relay", "whoami") == CLIENT_IDENTITY
+                # certificate users only: the plain listener lets no anonymous peer in, and
+                # remote() (anonymous, to the first listener) is refused too
+                with pytest.raises(PairlinkError):
+                    await client.call("relay", "ask")
+            with pytest.raises(PairlinkError):
+                async with connect(server.url, reconnect=False) as plain:
+                    await plain.call("relay", "whoami")
+
+
+async def test_open_server_remote_uses_the_first_listener(tls_files: TlsFiles) -> None:
+    async with open_server(
+        Relay,
+        listen=["amqp://127.0.0.1:0", "amqps://127.0.0.1:0"],
+        ssl_context=tls_files.server_context(),
+    ) as server:
+        with trio.fail_after(10):
+            async with connect(server.urls[1], ssl_context=tls_files.client_context()) as client:
+                # remote() has no TLS context: it reached the first, amqp:// listener
+                assert await client.call("relay", "ask") == "anonymous"
+            async with connect(server.url) as client:  # plain: no TLS on the amqp:// one
+                assert await client.call("relay", "whoami") == "anonymous"
+
+
+async def test_open_server_needs_a_url_or_none() -> None:
+    with pytest.raises(ValueError, match="no URLs"):
+        async with open_server(Relay, listen=[]):
+            pass  # pragma: no cover

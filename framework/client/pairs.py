@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import nullcontext
 from typing import Any, Protocol
 
 import attrs
@@ -36,7 +37,7 @@ from framework.client.timeouts import Timeouts
 from framework.errors import ConnectionLostError, LinkDetachedError, PairlinkError
 from framework.io.connection import AmqpConnection
 from framework.io.links import LinkEnd, LinkOwner, Sender, attach
-from framework.rpc import deadline, wire
+from framework.rpc import deadline, spans, tracing, wire
 from framework.rpc.linkpair import paired_mismatch, paired_properties
 from framework.rpc.payload import Encoding
 
@@ -98,6 +99,7 @@ class CallPair(LinkOwner):
         self.granted = False  # the service has given the request link credit
         self.verified = not paired  # LP-5 applies to pairs only
         self.log = conn.log
+        self.tracer = spans.opentelemetry_tracer()  # None: no spans, plain W3C headers
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -208,31 +210,64 @@ class CallPair(LinkOwner):
     ) -> Any:
         """Send one request and wait for its reply until ``deadline_at`` (Trio clock); its
         body in ``encoding``, else in the one the connection's peer reads (``peer_encoding``).
-        It carries its message-id as its correlation-id too: a server may copy either."""
-        call_id = self._new_id(message_id)
-        remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
-        message = wire.encode_request(
-            operation,
-            args,
-            kwargs,
-            message_id=call_id,
-            now=deadline.wall_time(),
-            timeout=remaining,
-            reply_to=self.reply_to,
-            encoding=encoding or self.conn.encoding,
+        It carries its message-id as its correlation-id too: a server may copy either, and the
+        current trace (:mod:`framework.rpc.tracing`), if any, in a span of its own when
+        OpenTelemetry is set up."""
+        tracer = self.tracer
+        traced = (
+            nullcontext(tracing.outgoing())
+            if tracer is None
+            else spans.client_span(tracer, self.address, operation)
         )
-        reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
-        wire.raise_for_outcome(outcome)
-        assert reply is not None  # accepted (or pre-settled), so it was answered
-        return wire.parse_reply(reply)
+        with traced as headers:
+            call_id = self._new_id(message_id)
+            remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
+            message = wire.encode_request(
+                operation,
+                args,
+                kwargs,
+                message_id=call_id,
+                now=deadline.wall_time(),
+                timeout=remaining,
+                reply_to=self.reply_to,
+                encoding=encoding or self.conn.encoding,
+                headers=headers,
+            )
+            reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
+            wire.raise_for_outcome(outcome)
+            assert reply is not None  # accepted (or pre-settled), so it was answered
+            return wire.parse_reply(reply)
 
     async def request(
         self, message: Message, deadline_at: float, settled: bool, label: str
     ) -> Reply:
         """Send a message of the caller's making and wait for its reply as ``call`` does,
         with nothing interpreted. Filled in here, unless the message has its own: the
-        message-id, the correlation-id (the message-id, as a call's) and the deadline; and
-        always the ``reply-to`` of this pair."""
+        message-id, the correlation-id (the message-id, as a call's), the deadline and the
+        current trace (a ``traceparent`` of the caller's own is never replaced); and always
+        the ``reply-to`` of this pair."""
+        app = message.application_properties
+        if app is not None and tracing.TRACEPARENT in app:
+            return await self._request(message, deadline_at, settled, label, None)
+        tracer = self.tracer
+        if tracer is None:
+            return await self._request(message, deadline_at, settled, label, tracing.outgoing())
+        with spans.client_span(tracer, self.address, label) as headers:
+            return await self._request(message, deadline_at, settled, label, headers)
+
+    async def _request(
+        self,
+        message: Message,
+        deadline_at: float,
+        settled: bool,
+        label: str,
+        headers: dict[str, str] | None,
+    ) -> Reply:
+        if headers:
+            message = attrs.evolve(
+                message,
+                application_properties={**(message.application_properties or {}), **headers},
+            )
         props = message.properties or Properties()
         call_id = self._new_id(props.message_id)
         alias = props.correlation_id

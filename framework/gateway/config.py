@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from framework.client.health import HEALTH
 from framework.io.limits import Limits
 from framework.io.toml_config import ConfigError, TomlReader, read_config_text, type_name
 from framework.io.toml_lines import KeyPath, dotted
@@ -60,7 +61,8 @@ class GatewayConfig:
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
     hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
-    may make the gateway hold (the ``[limits]`` table, :class:`framework.io.limits.Limits`)."""
+    may make the gateway hold (the ``[limits]`` table, :class:`framework.io.limits.Limits`);
+    ``metrics_listen``: ``HOST:PORT`` of its Prometheus endpoint (None: no metrics)."""
 
     listen: str
     routes: tuple[Route, ...]
@@ -74,6 +76,7 @@ class GatewayConfig:
     attach_timeout: float = 10.0
     max_pairs: int = MAX_PAIRS
     limits: Limits = attrs.field(factory=Limits)
+    metrics_listen: str | None = None
 
 
 # -- reading a TOML config -----------------------------------------------------------------------
@@ -88,6 +91,7 @@ _TOP_KEYS = (
     "tls",
     "users",
     "route",
+    "metrics_listen",
 )
 _ROUTE_KEYS = ("public", "upstream", "address", "user", "password_env", "allow", "ca")
 
@@ -131,10 +135,8 @@ class _Reader(TomlReader):
         if "users" in document:
             users, certificate_users = self.users(document["users"])
         tls = self.tls(document, ("listen",), listen.startswith("amqps:"))
+        self.certificates_verified(certificate_users, tls)
         client_ca = None if tls is None else tls.client_ca
-        if certificate_users and client_ca is None:
-            name = min(certificate_users)
-            self.fail(("users", name, "certificate"), "needs [tls] client_ca to verify it")
         limits: dict[str, Any] = {  # absent: GatewayConfig's defaults
             key: self.seconds(document[key], (key,))
             for key in ("idle_timeout", "attach_timeout")
@@ -153,6 +155,7 @@ class _Reader(TomlReader):
             tls_client_ca=client_ca,
             certificate_users=certificate_users,
             container_id=self.optional(document, (), "container_id"),
+            metrics_listen=self.metrics_listen(document),
             **limits,
         )
 
@@ -166,6 +169,8 @@ class _Reader(TomlReader):
             here: KeyPath = ("route", index)
             route = self.table(table, here, _ROUTE_KEYS)
             public = self.required(route, here, "public")
+            if public == HEALTH:
+                self.fail((*here, "public"), f"{HEALTH!r} is the gateway's own health node")
             for earlier, other in enumerate(routes):
                 if other.public == public:
                     where = dotted(("route", earlier))

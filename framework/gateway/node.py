@@ -27,7 +27,10 @@ from framework.amqp.errors import (
 )
 from framework.amqp.link import Link
 from framework.amqp.messaging import Error
+from framework.client.health import HEALTH
 from framework.gateway.config import GatewayConfig, Route
+from framework.gateway.health import HealthPair
+from framework.gateway.metrics import GatewayMetrics
 from framework.gateway.pairs import PairBudget, PairLease, PairRelay, Relay, RelayContext
 from framework.gateway.routing import RoutingRelay
 from framework.gateway.upstream import Upstream
@@ -90,6 +93,9 @@ class Downstream:
             lease = self._lease(link, half)
             if lease is not None:
                 self.relays[link.name] = RoutingRelay(self, context, link.name, link, lease)
+            return
+        if address == HEALTH:  # answered here, whatever the routes (a route may not be $health)
+            self.relays[link.name] = HealthPair(self, context, link.name, link)
             return
         route = context.routes.get(address)
         refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
@@ -161,6 +167,17 @@ class Gateway:
         )
         self._nursery: trio.Nursery | None = None
         self.log = log.bind(container=self.container_id)
+        self.metrics: GatewayMetrics | None = None
+        """Its Prometheus registry, with ``metrics_listen`` only."""
+        if config.metrics_listen is not None:
+            self.metrics = GatewayMetrics(
+                config.metrics_listen,
+                connections=self._open_connections,
+                pairs=self.pairs,
+                upstreams=self.upstreams,
+            )
+        self.metrics_url: str | None = None
+        """Where to scrape the metrics (``http://host:port/metrics``), once listening."""
 
     @property
     def url(self) -> str:
@@ -196,9 +213,19 @@ class Gateway:
                 **config.limits.listen_options(),
             ) as listener:
                 self.listener = listener
+                if self.metrics is not None:
+                    from framework.io.metrics_http import serve_metrics  # h11: an extra
+
+                    metrics = self.metrics
+                    self.metrics_url = await nursery.start(
+                        serve_metrics, metrics.listen, metrics.registry
+                    )
                 self.log.info("gateway.listening", url=listener.url, routes=list(self.routes))
                 task_status.started(self)
                 await trio.sleep_forever()
+
+    def _open_connections(self) -> int:
+        return 0 if self.listener is None else len(self.listener.handlers)
 
     def _accept(self, conn: AmqpConnection) -> Downstream:
         return Downstream(conn, self.context)

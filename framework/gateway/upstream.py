@@ -80,6 +80,11 @@ class Upstream:
         self._nursery: trio.Nursery | None = None
         self._log = log.bind(upstream=self.where)
 
+    @property
+    def up(self) -> bool:
+        """The main connection is open: new pairs can go there."""
+        return self.current is not None and not self.current.closed.is_set()
+
     async def connection(self) -> AmqpConnection:
         """The live main connection; waits only for the very first attempt to finish."""
         await self.tried.wait()

@@ -146,6 +146,7 @@ async def listen(
     max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
     login_throttle: LoginThrottle | None = None,
     certificate_users: Collection[str] | None = None,
+    reuse_port: bool = False,
     **config: Any,
 ) -> AsyncIterator[Listener[H]]:
     """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one); with
@@ -171,6 +172,9 @@ async def listen(
     ``max_outgoing_bytes`` bounds what each connection holds for a peer that does not read.
     After a refused login, new connections from that peer address are served one at a time,
     ``login_throttle.penalty`` seconds apart (:mod:`framework.io.login_throttle`).
+
+    ``reuse_port`` binds with ``SO_REUSEPORT`` (:func:`bind_reuse_port`): processes that
+    listen on the same port so share its connections (``pairlink serve --workers``).
     """
     parsed = None if url is None else AmqpUrl.parse(url)
     if parsed is not None and parsed.tls and ssl_context is None:
@@ -181,7 +185,12 @@ async def listen(
     listeners: list[trio.SocketListener] = []
     port, scheme_url = 0, IN_MEMORY_URL
     if parsed is not None:
-        listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
+        if reuse_port:
+            for sock in await bind_reuse_port(parsed.host, parsed.port):
+                sock.listen(trio.socket.SOMAXCONN)
+                listeners.append(trio.SocketListener(sock))
+        else:
+            listeners = await trio.open_tcp_listeners(parsed.port, host=parsed.host)
         port = listeners[0].socket.getsockname()[1]
         scheme_url = f"{parsed.scheme}://{parsed.host}:{port}"
     name = container_id or f"pairlink-{uuid.uuid4()}"
@@ -290,6 +299,36 @@ async def listen(
                     with trio.move_on_after(2):
                         await conn.close()
                 nursery.cancel_scope.cancel()
+
+
+async def bind_reuse_port(host: str, port: int) -> list[trio.socket.SocketType]:
+    """Sockets bound with ``SO_REUSEPORT`` to every address of ``host`` at ``port``, not
+    listening yet: processes of one user may all bind a port so, and Linux spreads new
+    connections among those of its sockets that listen. With port 0 the first address picks
+    a free port and the others take the same one, so one port number stands for them all
+    (and a supervisor can hold it, bound but never listening, while its workers listen)."""
+    option = getattr(trio.socket, "SO_REUSEPORT", None)
+    if option is None:
+        raise ValueError("sharing a port needs SO_REUSEPORT, which this system lacks")
+    found = await trio.socket.getaddrinfo(
+        host, port, type=trio.socket.SOCK_STREAM, flags=trio.socket.AI_PASSIVE
+    )
+    bound: list[trio.socket.SocketType] = []
+    try:
+        for family, type_, proto, _, address in found:
+            sock = trio.socket.socket(family, type_, proto)
+            bound.append(sock)
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+            sock.setsockopt(trio.socket.SOL_SOCKET, option, 1)
+            if family == trio.socket.AF_INET6:
+                sock.setsockopt(trio.socket.IPPROTO_IPV6, trio.socket.IPV6_V6ONLY, 1)
+            await sock.bind((address[0], port, *address[2:]))
+            port = sock.getsockname()[1]
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 def default_max_connections() -> int:

@@ -96,6 +96,7 @@ def configure_stderr(level: str, style: str) -> None:
     lines from ``level`` on, on stderr, as ``console`` text (colours on a terminal) or one JSON
     object a line; :mod:`logging` records of other code (a served module's) look the same."""
     shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,  # what tag_process added (a worker's index)
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -109,7 +110,8 @@ def configure_stderr(level: str, style: str) -> None:
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # one write a line: workers share the supervisor's stderr, even unbuffered
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -120,3 +122,9 @@ def configure_stderr(level: str, style: str) -> None:
     )
     # (no force: a process that set up logging already, as pytest does, keeps its handlers)
     logging.basicConfig(level=threshold, handlers=[handler])
+
+
+def tag_process(**fields: Any) -> None:
+    """Add ``fields`` to every line this process logs from now on (under
+    :func:`configure_stderr`): ``--workers`` tags each worker's lines with its index."""
+    structlog.contextvars.bind_contextvars(**fields)

@@ -12,7 +12,7 @@ import os
 import re
 import ssl
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from framework.io.limits import Limits
+from framework.io.metrics import parse_listen
 from framework.io.net import AmqpUrl
 from framework.io.toml_lines import KeyLines, KeyPath, dotted
 
@@ -143,6 +144,13 @@ class TomlReader:
             self.fail(("users",), "no users: remove [users] to let anonymous peers in")
         return users, frozenset(certificate_users)
 
+    def certificates_verified(self, certificate_users: Set[str], tls: TlsFiles | None) -> None:
+        """Certificate users need ``[tls] client_ca``: only a certificate that CA verified
+        may name a user."""
+        if certificate_users and (tls is None or tls.client_ca is None):
+            name = min(certificate_users)
+            self.fail(("users", name, "certificate"), "needs [tls] client_ca to verify it")
+
     def tls(self, document: dict[str, Any], listen: KeyPath, secure: bool) -> TlsFiles | None:
         """The ``[tls]`` table, checked now (files load as PEM) rather than at the first peer;
         required exactly when the listener at ``listen`` is ``amqps://`` (``secure``)."""
@@ -163,6 +171,18 @@ class TomlReader:
         if "client_ca" in tls:
             client_ca = self.ca_file(tls["client_ca"], ("tls", "client_ca"))
         return TlsFiles(cert, key, client_ca)
+
+    def metrics_listen(self, document: dict[str, Any]) -> str | None:
+        """The top-level ``metrics_listen``: ``HOST:PORT`` of the Prometheus endpoint."""
+        value = self.optional(document, (), "metrics_listen")
+        if value is not None:
+            try:
+                parse_listen(value)
+            except ValueError:
+                self.fail(
+                    ("metrics_listen",), f'{value!r} is not HOST:PORT (e.g. "127.0.0.1:9464")'
+                )
+        return value
 
     def limits(self, value: object) -> Limits:
         here: KeyPath = ("limits",)

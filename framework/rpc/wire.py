@@ -138,10 +138,12 @@ def encode_request(
     timeout: float | None = None,
     reply_to: str | None = ME,
     encoding: Encoding = Encoding.ENVELOPE,
+    headers: Mapping[str, str] | None = None,
 ) -> bytes:
     """The bytes of ``request_message(...)`` (same arguments), written without building the
     message: what the client sends for every call, so its constant sections (the header of a
-    given ttl, the application-properties of an operation name) are encoded once each."""
+    given ttl, the application-properties of an operation name) are encoded once each.
+    ``headers``: application-properties beside the operation (a trace context)."""
     body, kind, content_type = encoded_body(arguments_value(args, kwargs, encoding), encoding)
     properties = Properties(
         message_id=message_id,
@@ -154,7 +156,10 @@ def encode_request(
         ttl, properties.absolute_expiry_time = deadline_fields(now, timeout)
         out += _header_section(ttl)
     encode_into(properties, out)
-    out += _operation_section(operation)
+    if headers:
+        encode_into(ApplicationProperties({**headers, OPERATION: operation}), out)
+    else:
+        out += _operation_section(operation)
     encode_body(body, kind, out)
     return bytes(out)
 

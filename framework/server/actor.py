@@ -16,6 +16,11 @@ tasks take them, callers in turn. A worker awaits an ``async def`` handler and h
 threads never hold back another's); an ``inline=True`` one runs where it is, and even in the
 reader task itself when it can start at once.
 
+Middleware (the server's, then the service's) runs in the worker task around the handler, for
+every kind; a service with middleware never takes the inline fast path, and one without pays
+nothing for it. A call whose request carries a trace (:mod:`framework.rpc.tracing`), or every
+call when OpenTelemetry is set up, runs in its span, finished with the reply's status.
+
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
 within the window gets that answer again without running; one whose first copy is still held
 waits for it (holding its own mailbox slot) and gets the same answer
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Awaitable, Callable, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -47,8 +53,9 @@ from framework.amqp.messaging import (
 from framework.errors import new_ref
 from framework.io.links import LinkEnd
 from framework.io.logs import get_logger
-from framework.rpc import deadline, wire
+from framework.rpc import deadline, spans, wire
 from framework.rpc.payload import Encoding, PayloadError
+from framework.rpc.tracing import TRACEPARENT, TraceScope
 from framework.rpc.wire import (
     BAD_REQUEST,
     INTERNAL_ERROR,
@@ -62,7 +69,7 @@ from framework.rpc.wire import (
     error_message,
     parse_request,
 )
-from framework.server.context import CallContext, handling
+from framework.server.context import CallContext, Middleware, handling, through
 from framework.server.dedup import DedupStore, Outcome
 from framework.server.mailbox import CreditedLink, Mailbox
 from framework.server.service import Hosted, Operation
@@ -99,6 +106,14 @@ class Route(Protocol):
     def deliver(self, payload: bytes, origin: Origin, request_settled: bool) -> bool: ...
 
 
+class CallObserver(Protocol):
+    """Told of each request's arrival and of its answer's status-code (the server's metrics,
+    :class:`framework.server.metrics.CallMetrics`)."""
+
+    def arrived(self, delivery: Delivery) -> None: ...
+    def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
+
+
 @attrs.define(slots=True, eq=False)
 class Call:
     """A checked call waiting in the mailbox (or running)."""
@@ -110,8 +125,10 @@ class Call:
     route: Route
     origin: Origin
     delivery: Delivery
+    service: str  # its address, as this server serves it
     key: str | None = None  # its message-id, while it is the running copy of a tracked id
     context: CallContext | None = None  # built when its handler first asks (current_call)
+    trace_scope: TraceScope | None = None  # its trace, when traced (framework.rpc.tracing)
 
     def call_context(self) -> CallContext:
         """The handler's view of this call, built once, on demand: most handlers never ask."""
@@ -120,12 +137,16 @@ class Call:
             opened = conn.engine.remote_open
             request = self.request
             self.context = CallContext(
-                request.message_id,
-                conn.sasl_identity,
-                None if opened is None else opened.container_id,
-                conn.peer,
-                request.deadline,
-                MappingProxyType(request.message.application_properties or {}),
+                message_id=request.message_id,
+                user=conn.sasl_identity,
+                container_id=None if opened is None else opened.container_id,
+                peer=conn.peer,
+                deadline=request.deadline,
+                application_properties=MappingProxyType(
+                    request.message.application_properties or {}
+                ),
+                service=self.service,
+                operation=self.operation.name,
             )
         return self.context
 
@@ -133,7 +154,8 @@ class Call:
 class Actor:
     """One served instance: its mailbox, its workers, and the credit of its request links."""
 
-    def __init__(self, hosted: Hosted) -> None:
+    def __init__(self, hosted: Hosted, middleware: Sequence[Middleware] = ()) -> None:
+        """``middleware``: the server's, run outside the service's own."""
         spec = hosted.spec
         self.instance = hosted.instance
         self.address = spec.address
@@ -154,6 +176,13 @@ class Actor:
         self._scopes: set[trio.CancelScope] = set()
         self._drained = trio.Event()
         self.finished = trio.Event()  # the workers are done (after begin_stop)
+        self.observer: CallObserver | None = None  # set when the server keeps metrics
+        self.middleware = (*middleware, *spec.middleware)
+        # chosen once: without middleware, a call costs what it did before there was any
+        self._invoke: Callable[[Operation, Call], Awaitable[Any]] = (
+            self._through_middleware if self.middleware else self._handle
+        )
+        self.tracer = spans.opentelemetry_tracer()  # None: no spans (plain W3C propagation)
         self.dedup: DedupStore[Call] | None = None
         if spec.dedup_window is not None:
             self.dedup = DedupStore(spec.dedup_window, spec.dedup_size)
@@ -205,6 +234,8 @@ class Actor:
     def arrive(self, origin: Origin, delivery: Delivery, payload: bytes) -> None:
         """A request arrived on one of our links: answer it now, or queue it for a worker."""
         self.mailbox.arrived(origin)
+        if self.observer is not None:
+            self.observer.arrived(delivery)
         try:
             message = Message.decode(payload)
         except ProtocolError as exc:
@@ -242,13 +273,20 @@ class Actor:
                 why = f"{request.operation}: {exc}"
                 self.respond(route, origin, delivery, request, BAD_REQUEST, why)
                 return
-            call = Call(operation, request.args, request.kwargs, request, route, origin, delivery)
+            args, kwargs = request.args, request.kwargs
+            call = Call(operation, args, kwargs, request, route, origin, delivery, self.address)
+            app = message.application_properties
+            if self.tracer is not None or (app and TRACEPARENT in app):
+                call.trace_scope = spans.server_scope(
+                    self.tracer, self.address, operation.name, app
+                )
             if self.dedup is not None and isinstance(request.message_id, str):
                 if self._repeat(self.dedup, call, request.message_id):
                     return
                 call.key = request.message_id
             if (
                 operation.mode == "inline"
+                and not self.middleware  # middleware is async: it runs in a worker task
                 and self.mailbox.queued == 0
                 and self.running < self.max_concurrency
             ):
@@ -271,6 +309,7 @@ class Actor:
                 stored.value,
                 stored.error_type,
                 stored.ref,
+                stored.reply_properties,
             )
             return True
         return not dedup.claim(key, call)
@@ -343,12 +382,14 @@ class Actor:
         request, and free the call's slot once the reply has left. ``extra``: the
         application-properties its handler added (``CallContext.reply_properties``)."""
         try:
-            payload = self._reply_payload(
+            status, payload = self._reply_payload(
                 route, origin, request, status, description, value, error_type, ref, extra
             )
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
             return
+        if self.observer is not None:
+            self.observer.answered(delivery, request.operation, status)
         if route.deliver(payload, origin, delivery.remote_settled):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
@@ -374,14 +415,15 @@ class Actor:
         error_type: str | None,
         ref: str | None,
         extra: dict[str, Any] | None,
-    ) -> bytes:
-        """The encoded reply: the value for 200 (an undisclosed 500 if it or ``extra`` cannot
-        be encoded: the failure describes the result, which is the service's business), else
-        the status; a 500 as well if it would exceed what the caller's link accepts."""
+    ) -> tuple[int, bytes]:
+        """The status-code and encoded reply: the value for 200 (an undisclosed 500 if it or
+        ``extra`` cannot be encoded: the failure describes the result, which is the service's
+        business), else the status; a 500 as well if it would exceed the caller's limit."""
         to = route.to
         if status == OK:
             try:
-                return self._fit(route, request, encode_reply(request, value, to=to, extra=extra))
+                reply = encode_reply(request, value, to=to, extra=extra)
+                return self._fit(route, request, OK, reply)
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
                 status = INTERNAL_ERROR
                 detail = f"cannot encode the result: {exc}"
@@ -400,18 +442,18 @@ class Actor:
         message = error_message(
             request, status, description, to=to, error_type=error_type, ref=ref, extra=extra
         )
-        return self._fit(route, request, message.encode())
+        return self._fit(route, request, status, message.encode())
 
     @staticmethod
-    def _fit(route: Route, request: Request, payload: bytes) -> bytes:
+    def _fit(route: Route, request: Request, status: int, payload: bytes) -> tuple[int, bytes]:
         limit = route.link.remote_max_message_size
         if limit is None or len(payload) <= limit:
-            return payload
+            return status, payload
         why = f"the reply of {len(payload)} bytes exceeds the caller's limit of {limit}"
         message = error_message(
             request, INTERNAL_ERROR, why, to=route.to, error_type="MessageSizeExceeded"
         )
-        return message.encode()
+        return INTERNAL_ERROR, message.encode()
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -436,6 +478,8 @@ class Actor:
         if not call.route.usable and call.key is None:  # the caller went away meanwhile
             ids = _ids(call.origin, request.message_id)
             self.log.info("call.abandoned", **ids, operation=request.operation)
+            if call.trace_scope is not None:
+                call.trace_scope.finish(None)
             self.release(call.origin)
             return
         now = deadline.wall_time()
@@ -447,7 +491,7 @@ class Actor:
             self._answer(call, UNAVAILABLE, "shutting down")
             return
         operation = call.operation
-        if operation.mode == "inline":
+        if operation.mode == "inline" and not self.middleware:
             self._run_inline(call)
             return
         limit = math.inf
@@ -528,9 +572,17 @@ class Actor:
             return UNAVAILABLE, "shut down before the call finished"
         return TIMEOUT, "the deadline passed while it ran"
 
-    async def _invoke(self, operation: Operation, call: Call) -> Any:
+    async def _through_middleware(self, operation: Operation, call: Call) -> Any:
+        """The handler inside the middleware (``self._invoke`` when there is some)."""
+        handler = functools.partial(self._handle, operation, call)
+        return await through(self.middleware, call.call_context(), handler)
+
+    async def _handle(self, operation: Operation, call: Call) -> Any:
+        """Run the handler (``self._invoke`` when there is no middleware)."""
         if operation.mode == "async":
             return await operation.function(self.instance, *call.args, **call.kwargs)
+        if operation.mode == "inline":  # only here within middleware: it holds the loop
+            return operation.function(self.instance, *call.args, **call.kwargs)
         # a thread cannot be cancelled, so the scope cannot end it early either; the thread
         # runs in a copy of this task's context, so it sees the call's deadline
         job = functools.partial(operation.function, self.instance, *call.args, **call.kwargs)
@@ -544,8 +596,15 @@ class Actor:
         value: Any = None,
         error_type: str | None = None,
         ref: str | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
+        """Answer ``call``, and the repeats of its id waiting for it, alike. ``extra``: the
+        reply's application-properties (default: those its handler set)."""
         context = call.context
+        if extra is None and context is not None and context.reply_properties:
+            extra = dict(context.reply_properties)
+        if call.trace_scope is not None:
+            call.trace_scope.finish(status)
         self.respond(
             call.route,
             call.origin,
@@ -556,12 +615,12 @@ class Actor:
             value,
             error_type,
             ref,
-            None if context is None else context.reply_properties,
+            extra,
         )
         if call.key is not None and self.dedup is not None:
-            outcome = Outcome(status, description, value, error_type, ref)
+            outcome = Outcome(status, description, value, error_type, ref, extra)
             for repeat in self.dedup.finish(call.key, outcome, trio.current_time()):
-                self._answer(repeat, status, description, value, error_type, ref)
+                self._answer(repeat, status, description, value, error_type, ref, extra)
 
     # -- shutdown --------------------------------------------------------------------------
 

@@ -39,26 +39,34 @@ class ServiceEntry:
     address: str | None = None
     max_concurrency: int | None = None
     mailbox: int | None = None
+    dedup_window: float | None = None
+    dedup_size: int | None = None
 
 
 @attrs.frozen
 class ServeConfig:
-    """``listen``: the ``amqp[s]://host:port`` to listen on (one listener today: the server
-    takes one URL); ``tls``: the ``[tls]`` files for ``amqps``; ``users``: SASL PLAIN users
-    (None: anonymous peers allowed); ``services``: the ``[[service]]`` tables; ``limits``: the
-    ``[limits]`` table; ``log_level``/``log_format``: the ``[log]`` table (None: the CLI's)."""
+    """``listen``: the ``amqp[s]://host:port`` URLs to listen on, one listener each (empty:
+    the CLI's); ``tls``: the ``[tls]`` files for the ``amqps`` ones; ``users``: SASL PLAIN
+    users (None: anonymous peers allowed); ``certificate_users``: users who log in with a
+    client certificate that ``tls.client_ca`` verified (SASL EXTERNAL); ``services``: the
+    ``[[service]]`` tables; ``limits``: the ``[limits]`` table; ``log_level``/``log_format``:
+    the ``[log]`` table (None: the CLI's); ``metrics_listen``: ``host:port`` of the Prometheus
+    endpoint (None: none); ``workers``: the worker processes to run (None: the CLI's)."""
 
-    listen: str | None = None
+    listen: tuple[str, ...] = ()
     tls: TlsFiles | None = None
     users: dict[str, str] | None = None
+    certificate_users: frozenset[str] = frozenset()
     services: tuple[ServiceEntry, ...] = ()
     limits: Limits | None = None
     log_level: str | None = None
     log_format: str | None = None
+    metrics_listen: str | None = None
+    workers: int | None = None
 
 
-_TOP_KEYS = ("listen", "tls", "users", "service", "limits", "log")
-_SERVICE_KEYS = ("module", "address", "max_concurrency", "mailbox")
+_TOP_KEYS = ("listen", "tls", "users", "service", "limits", "log", "metrics_listen", "workers")
+_SERVICE_KEYS = ("module", "address", "max_concurrency", "mailbox", "dedup_window", "dedup_size")
 _LOG_KEYS = ("level", "format")
 
 
@@ -87,18 +95,26 @@ def parse_serve_config(
 class _Reader(TomlReader):
     """The serve document, with the shared checks of :class:`TomlReader`."""
 
+    def __init__(
+        self, text: str, source: str, environ: Mapping[str, str], base: Path | None
+    ) -> None:
+        super().__init__(text, source, environ, base)
+        self.text_lines = text.splitlines()
+
     def config(self, document: dict[str, Any]) -> ServeConfig:
         self.keys(document, (), _TOP_KEYS)
         listen = self.listen(document)
         users = None
+        certificate_users: frozenset[str] = frozenset()
         if "users" in document:
             users, certificate_users = self.users(document["users"])
-            if certificate_users:  # the server has no SASL EXTERNAL yet
-                self.fail(
-                    ("users", min(certificate_users), "certificate"), "not supported by serve"
-                )
-        secure = listen is not None and listen.startswith("amqps:")
-        tls = self.tls(document, ("listen",), secure)
+        secure = [index for index, url in enumerate(listen) if url.startswith("amqps:")]
+        if secure and "tls" not in document:
+            where: KeyPath = ("listen", secure[0]) if len(listen) > 1 else ("listen",)
+            self.fail(where, "an amqps:// listen needs a [tls] table with cert and key")
+        # no listen here: a [tls] is for the command line's --listen amqps://
+        tls = self.tls(document, ("listen",), bool(secure) or ("tls" in document and not listen))
+        self.certificates_verified(certificate_users, tls)
         log: dict[str, Any] = {}
         if "log" in document:
             table = self.table(document["log"], ("log",), _LOG_KEYS)
@@ -111,23 +127,49 @@ class _Reader(TomlReader):
             listen=listen,
             tls=tls,
             users=users,
+            certificate_users=certificate_users,
             services=self.services(document),
             limits=self.limits(document["limits"]) if "limits" in document else None,
+            metrics_listen=self.metrics_listen(document),
+            workers=(
+                self.count(document["workers"], ("workers",), "processes")
+                if "workers" in document
+                else None
+            ),
             **log,
         )
 
-    def listen(self, document: dict[str, Any]) -> str | None:
-        """One URL, as a string or a one-element array (several listeners: not yet)."""
+    def listen(self, document: dict[str, Any]) -> tuple[str, ...]:
+        """One URL, or an array of them (one listener each)."""
         if "listen" not in document:
-            return None
+            return ()
         value = document["listen"]
-        if isinstance(value, list):
-            if len(value) != 1:
-                self.fail(("listen",), f"{len(value)} URLs: serve listens on exactly one today")
-            value = value[0]
-        if not isinstance(value, str):
-            self.fail(("listen",), f"expected a URL (a string), got {type_name(value)}")
-        return self.url(value, ("listen",))
+        if not isinstance(value, list):
+            value = [value]
+        elif not value:
+            self.fail(("listen",), "an empty array: give a URL, or leave listen out")
+        else:
+            self.locate_elements(value)
+        for index, url in enumerate(value):
+            path: KeyPath = ("listen",) if len(value) == 1 else ("listen", index)
+            if not isinstance(url, str):
+                self.fail(path, f"expected a URL (a string), got {type_name(url)}")
+            if value.index(url) != index:
+                self.fail(path, f"{url!r} is listed twice")
+            self.url(url, path)
+        return tuple(value)
+
+    def locate_elements(self, urls: list[Any]) -> None:
+        """Record the line of each of ``listen``'s URLs (``("listen", index)``): an array may
+        span lines, one URL each, and a mistake is named where it is written."""
+        number = self.lines.line(("listen",))
+        for index, url in enumerate(urls):
+            quoted = (f'"{url}"', f"'{url}'")
+            for candidate in range(number, len(self.text_lines) + 1):
+                if any(q in self.text_lines[candidate - 1] for q in quoted):
+                    number = candidate
+                    break
+            self.lines.lines[("listen", index)] = number
 
     def services(self, document: dict[str, Any]) -> tuple[ServiceEntry, ...]:
         tables = document.get("service", [])
@@ -137,16 +179,22 @@ class _Reader(TomlReader):
         for index, table in enumerate(tables):
             here: KeyPath = ("service", index)
             entry = self.table(table, here, _SERVICE_KEYS)
-            counts = {
+            overrides: dict[str, Any] = {
                 key: self.count(entry[key], (*here, key), "calls")
                 for key in ("max_concurrency", "mailbox")
                 if key in entry
             }
+            if "dedup_window" in entry:
+                window = self.seconds(entry["dedup_window"], (*here, "dedup_window"))
+                overrides["dedup_window"] = window
+            if "dedup_size" in entry:
+                size = self.count(entry["dedup_size"], (*here, "dedup_size"), "replies")
+                overrides["dedup_size"] = size
             entries.append(
                 ServiceEntry(
                     self.required(entry, here, "module"),
                     self.optional(entry, here, "address"),
-                    **counts,
+                    **overrides,
                 )
             )
         return tuple(entries)

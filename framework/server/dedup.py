@@ -35,6 +35,7 @@ class Outcome:
     value: Any = None
     error_type: str | None = None
     ref: str | None = None  # the log's reference id of an undisclosed failure
+    reply_properties: dict[str, Any] | None = None  # the application-properties its handler set
 
 
 class DedupStore(Generic[W]):

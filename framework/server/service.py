@@ -47,12 +47,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar, cast, overload
 
 import attrs
 
 from framework.rpc.wire import ME
+from framework.server.context import Middleware, check_middleware
 
 DEFAULT_DEDUP_SIZE = 100_000
 """Replies a deduplicating service keeps at most (the oldest go first), whatever its window."""
@@ -140,6 +141,7 @@ class ServiceSpec:
     dedup_window: float | None = None
     dedup_size: int = DEFAULT_DEDUP_SIZE
     debug_errors: bool = False
+    middleware: tuple[Middleware, ...] = ()  # around each call, inside the server's
 
 
 @attrs.frozen
@@ -271,6 +273,7 @@ def service(
     dedup_size: int = DEFAULT_DEDUP_SIZE,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
     debug_errors: bool = False,
+    middleware: Sequence[Middleware] = (),
 ) -> Callable[[type[Any]], type[Any]]:
     """Serve the decorated class at ``address``.
 
@@ -287,15 +290,15 @@ def service(
     does a ``CallError``'s. Every other exception's text may hold secrets, so the caller gets
     "internal error" and a reference id, and the server logs the traceback under that id.
     ``debug_errors=True``: send every exception's type and message (for development only).
+    ``middleware``: async callables ``mw(call, proceed)`` run around each call, the first
+    outermost, inside the server's own (:mod:`framework.server.context`).
     """
     if not isinstance(address, str):
         raise TypeError(f'@service needs the address first: @service("name"), got {address!r}')
     _check_limits(address, max_concurrency, mailbox)
     expose = _exception_types(f"@service({address!r})", expose_errors)
-    if dedup_window is not None and not dedup_window > 0:
-        raise ValueError(f"@service({address!r}): dedup_window must be > 0 seconds, or None")
-    if not isinstance(dedup_size, int) or dedup_size < 1:
-        raise ValueError(f"@service({address!r}): dedup_size must be an int >= 1")
+    _check_dedup(address, dedup_window, dedup_size)
+    around = check_middleware(f"@service({address!r})", middleware)
 
     def decorate(cls: type[Any]) -> type[Any]:
         if not inspect.isclass(cls):
@@ -310,6 +313,7 @@ def service(
             dedup_window,
             dedup_size,
             bool(debug_errors),
+            around,
         )
         for hook in ("on_start", "on_stop"):
             _check_hook(cls, hook)
@@ -329,6 +333,13 @@ def _check_limits(address: str, max_concurrency: int, mailbox: int | None) -> No
             f"@service({address!r}): mailbox must be an int >= max_concurrency "
             f"({max_concurrency}), or the extra concurrency could never be used"
         )
+
+
+def _check_dedup(address: str, dedup_window: float | None, dedup_size: int) -> None:
+    if dedup_window is not None and not dedup_window > 0:
+        raise ValueError(f"@service({address!r}): dedup_window must be > 0 seconds, or None")
+    if not isinstance(dedup_size, int) or dedup_size < 1:
+        raise ValueError(f"@service({address!r}): dedup_size must be an int >= 1")
 
 
 def _mailbox(mailbox: int | None, max_concurrency: int) -> int:
@@ -395,14 +406,21 @@ def hosted(
     max_concurrency: int | None = None,
     mailbox: int | None = None,
     debug_errors: bool | None = None,
+    dedup_window: float | None = None,
+    dedup_size: int | None = None,
 ) -> Hosted:
     """A ``@service`` class or instance, to serve with some settings overridden (the CLI's
     ``--address``, two instances of one class at two addresses, ``debug_errors=True`` on a
-    developer's machine). A class is instantiated without arguments; pass an instance to give
-    it some."""
+    developer's machine, a config file's ``dedup_window``). A class is instantiated without
+    arguments; pass an instance to give it some."""
     spec = spec_of(service)
     if debug_errors is not None:
         spec = attrs.evolve(spec, debug_errors=bool(debug_errors))
+    if dedup_window is not None or dedup_size is not None:
+        window = spec.dedup_window if dedup_window is None else dedup_window
+        size = spec.dedup_size if dedup_size is None else dedup_size
+        _check_dedup(spec.address if address is None else address, window, size)
+        spec = attrs.evolve(spec, dedup_window=window, dedup_size=size)
     if address is not None or max_concurrency is not None or mailbox is not None:
         address = spec.address if address is None else address
         concurrency = spec.max_concurrency if max_concurrency is None else max_concurrency

@@ -3,6 +3,7 @@ handler call another service through the server's own client connection."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -20,13 +21,15 @@ from framework.io.connection import AmqpConnection
 from framework.io.limits import Limits
 from framework.io.listener import Listener
 from framework.io.listener import listen as listen_amqp
-from framework.io.net import Connector
+from framework.io.net import AmqpUrl, Connector
 from framework.io.taskgroups import lone_errors_unwrapped
 from framework.rpc.linkpair import LINK_PAIR_V1_0
 from framework.rpc.wire import CALL_ENVELOPE
 from framework.server.actor import Actor
 from framework.server.container import Container, Peer
+from framework.server.context import Middleware, check_middleware
 from framework.server.health import DRAINING, HEALTH, Health
+from framework.server.metrics import ServerMetrics
 from framework.server.service import Hosted, hosted, spec_of
 
 DEFAULT_URL = "amqp://127.0.0.1:5672"
@@ -58,20 +61,22 @@ class Server:
         self,
         hosted: Sequence[Hosted],
         *,
-        url: str | None,
+        urls: Sequence[str | None],
         users: dict[str, str] | None,
         ssl_context: ssl.SSLContext | None,
         grace: float,
         container_id: str | None,
         call_url: str | None,
         listen_options: dict[str, Any],
+        metrics_listen: str | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         self.hosted = list(hosted)
         actors: dict[str, Actor] = {}
         for item in self.hosted:
             if item.address in actors:
                 raise ValueError(f"two services at the address {item.address!r}")
-            actors[item.address] = Actor(item)
+            actors[item.address] = Actor(item, middleware)  # not the health's: probes pass
         if HEALTH in actors:
             raise ValueError(f"{HEALTH!r} is the address of the server's own health service")
         self.health = Health(list(actors))
@@ -82,8 +87,10 @@ class Server:
         self.container_id = self.container.container_id
         self.grace = grace
         self.listener: Listener[_Served] | None = None
+        """The first listener (``url``, ``port`` and ``remote()`` use it)."""
+        self.listeners: list[Listener[_Served]] = []
         self.log = self.container.log
-        self._url = url
+        self._urls = list(urls)
         self._users = users
         self._ssl_context = ssl_context
         self._call_url = call_url
@@ -93,6 +100,12 @@ class Server:
         self._client: Client | None = None
         self._client_lock = trio.Lock()
         self._client_done = trio.Event()
+        self.metrics: ServerMetrics | None = None
+        """Its Prometheus registry and call observers, with ``metrics_listen`` only."""
+        if metrics_listen is not None:
+            self.metrics = ServerMetrics(metrics_listen, actors | builtin, self._open_connections)
+        self.metrics_url: str | None = None
+        """Where to scrape the metrics (``http://host:port/metrics``), once listening."""
 
     @property
     def url(self) -> str:
@@ -104,6 +117,12 @@ class Server:
     def port(self) -> int:
         assert self.listener is not None, "the server is not listening yet"
         return self.listener.port
+
+    @property
+    def urls(self) -> list[str]:
+        """Every listener's ``amqp[s]://host:port``, in the order of ``listen``."""
+        assert self.listener is not None, "the server is not listening yet"
+        return [listener.url for listener in self.listeners]
 
     def stop(self) -> None:
         """Begin the graceful shutdown (``run`` returns once it is done)."""
@@ -145,18 +164,34 @@ class Server:
         self.log.info("server.stopped")
 
     async def _listen(self, task_status: trio.TaskStatus[None], scope: trio.CancelScope) -> None:
-        async with listen_amqp(
-            self._url,
-            accept=self._accept,
-            users=self._users,
-            ssl_context=self._ssl_context,
-            container_id=self.container_id,
-            # LP-1: we accept peer-initiated links; and our clients may send the envelope
-            offered_capabilities=[LINK_PAIR_V1_0, CALL_ENVELOPE],
-            **self._listen_options,
-        ) as listener:
-            self.listener = listener
-            self.log.info("server.listening", url=listener.url, services=list(self.actors))
+        async with contextlib.AsyncExitStack() as stack:  # leaving it closes every connection
+            for url in self._urls:
+                secure = url is not None and AmqpUrl.parse(url).tls
+                listener = await stack.enter_async_context(
+                    listen_amqp(
+                        url,
+                        accept=self._accept,
+                        users=self._users,
+                        # only amqps:// ones: listen() would speak TLS on any URL given one
+                        ssl_context=self._ssl_context if secure else None,
+                        container_id=self.container_id,
+                        # LP-1: we accept peer-initiated links; our clients may send the envelope
+                        offered_capabilities=[LINK_PAIR_V1_0, CALL_ENVELOPE],
+                        **self._listen_options,
+                    )
+                )
+                self.listeners.append(listener)
+                self.log.info("server.listening", url=listener.url, services=list(self.actors))
+            self.listener = self.listeners[0]
+            if self.metrics is not None:  # scraped until the connections close, drain included
+                scrapes = await stack.enter_async_context(trio.open_nursery())
+                stack.callback(scrapes.cancel_scope.cancel)  # (exits first: last in)
+                from framework.io.metrics_http import serve_metrics  # h11: an extra
+
+                metrics = self.metrics
+                self.metrics_url = await scrapes.start(
+                    serve_metrics, metrics.listen, metrics.registry
+                )
             # a cancel that came as we finished starting ends it here: once shielded, a
             # started() into a cancelled nursery.start would leave us waiting for a stop()
             await trio.lowlevel.checkpoint_if_cancelled()
@@ -166,11 +201,11 @@ class Server:
             self.log.info("server.stopping", grace=self.grace)
             self.health.status = DRAINING  # and it answers so until its links go, below
             await self._drain()
-            for served in list(listener.handlers.values()):
-                for endpoint in served.peer.endpoints():
-                    if endpoint.link.state is LinkState.ATTACHED:
-                        served.peer.conn.detach(endpoint.link)
-        # leaving `listen` closed every connection
+            for listener in self.listeners:
+                for served in list(listener.handlers.values()):
+                    for endpoint in served.peer.endpoints():
+                        if endpoint.link.state is LinkState.ATTACHED:
+                            served.peer.conn.detach(endpoint.link)
 
     async def _drain(self) -> None:
         """Stop credit, let the held calls finish (``grace`` seconds at most), then cancel
@@ -202,6 +237,9 @@ class Server:
             actor.log.error(f"service.{name}_failed", error=repr(exc), exc_info=exc)
             return
         actor.log.info(f"service.{name}")
+
+    def _open_connections(self) -> int:
+        return sum(len(listener.handlers) for listener in self.listeners)
 
     def _accept(self, conn: AmqpConnection) -> _Served:
         return _Served(Peer(conn), self.container)
@@ -239,40 +277,55 @@ class Server:
 @asynccontextmanager
 async def open_server(
     *services: object,
-    listen: str | None = DEFAULT_URL,
+    listen: str | Sequence[str] | None = DEFAULT_URL,
     users: dict[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     grace: float = 10.0,
     container_id: str | None = None,
     call_url: str | None = None,
     limits: Limits | None = None,
+    metrics_listen: str | None = None,
+    middleware: Sequence[Middleware] = (),
     **options: Any,
 ) -> AsyncIterator[Server]:
     """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
     duration of the block; ``server.url`` says where (``listen`` may use port 0;
     ``listen=None`` opens no socket: clients connect over in-memory streams, as
-    :mod:`framework.testing` does).
+    :mod:`framework.testing` does). ``listen`` may also be several URLs, ``amqp://`` and
+    ``amqps://`` mixed: one listener each, serving the same services (``server.urls``;
+    ``server.url`` is the first's).
 
     Leaving the block, even by cancellation, shuts down gracefully: credit stops, calls
     already held are finished and answered (for ``grace`` seconds at most; after that they
     are cancelled and answered 503), links are detached, connections closed, then each
     service's ``on_stop`` runs. Cancelled before the server listens, the start is given up at
     once (a pending ``on_start`` is cancelled). ``users`` turns on SASL PLAIN; ``ssl_context``
-    serves ``amqps://``; ``call_url`` is where :func:`remote` connects (default: this server);
-    ``limits`` bounds what peers can make the server hold (:class:`framework.io.limits.Limits`,
-    every field documented with its default); ``options`` go to :func:`framework.io.listener.listen`
-    (``idle_timeout``...) and override ``limits``.
+    serves the ``amqps://`` listeners (and, verifying client certificates, logs in the
+    ``certificate_users`` option's names with SASL EXTERNAL); ``call_url`` is where
+    :func:`remote` connects (default: this server); ``limits`` bounds what peers can make the
+    server hold (:class:`framework.io.limits.Limits`, every field documented with its default;
+    each listener keeps its own ``max_connections``); ``options`` go to
+    :func:`framework.io.listener.listen` (``idle_timeout``...) and override ``limits``.
+    ``metrics_listen`` (``HOST:PORT``, port 0 allowed) serves Prometheus metrics over HTTP
+    there (``server.metrics_url``; needs ``prometheus_client``, the ``metrics`` extra).
+    ``middleware``: async callables ``mw(call, proceed)`` around every call of every service
+    (not the health checks), the first outermost, outside each service's own.
     """
     served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
+    urls = [listen] if listen is None or isinstance(listen, str) else list(listen)
+    if not urls:
+        raise ValueError("listen: no URLs (None serves in memory only)")
     server = Server(
         served,
-        url=listen,
+        urls=urls,
         users=users,
         ssl_context=ssl_context,
         grace=grace,
         container_id=container_id,
         call_url=call_url,
         listen_options={**(limits or Limits()).listen_options(), **options},
+        metrics_listen=metrics_listen,
+        middleware=check_middleware("open_server", middleware),
     )
     with lone_errors_unwrapped():
         async with trio.open_nursery() as nursery:
@@ -287,7 +340,7 @@ async def open_server(
 
 async def serve(
     *services: object,
-    listen: str = DEFAULT_URL,
+    listen: str | Sequence[str] | None = DEFAULT_URL,
     users: dict[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
