@@ -102,6 +102,7 @@ bench: venv
 	$(PY) -m benchmarks.codec
 	$(PY) -m benchmarks.rpc
 	$(PY) -m benchmarks.gateway
+	$(PY) -m benchmarks.workers
 	$(PY) -m benchmarks.spark
 	$(PY) -m benchmarks.attacks
 
