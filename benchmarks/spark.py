@@ -1,19 +1,25 @@
-"""Spark fan-out benchmark: rows/s through ``call_service`` against the naive per-row approach
-and against a plain single-process client (the ceiling), on the same data and service.
+"""Spark fan-out benchmark: rows/s through ``call_service`` against what a user would write
+without it (one blocking client per partition), against the naive per-row approach and against a
+plain single-process client (the ceiling), on the same data and service.
 
 The enrichment service (``services/enrich.py``, duplicate detection on) runs in a process of
 its own on 127.0.0.1 (port 0) for the whole run. Each round measures, in an order that rotates:
 
 - spark: ``call_service(key="id", in_flight=200)`` over ``--rows`` rows in ``--partitions``
   partitions from ``local[2]``, the action a ``noop`` write (every row computed, nothing kept);
-- per-row: the approach without pairlink's fan-out, a Spark job whose tasks open a new blocking
-  connection and make one call for every row, on a sample of ``--sample`` rows (it is slow);
+- blocking: what a PySpark user writes without ``call_service``, a ``mapInPandas`` whose task
+  opens one blocking client (``framework.client.blocking``) and makes its rows' calls one at a
+  time, over the same rows, partitions, columns, message-ids and ``noop`` write as spark;
+- per-row: the naive approach, a Spark job whose tasks open a new blocking connection and make
+  one call for every row, on a sample of ``--sample`` rows (it is slow: it measures mostly
+  connection setup);
 - ceiling: one process outside Spark, one connection, Trio with 200 calls in flight (with
   message-ids as ``key="id"`` makes them), over the same rows: what the service gives a caller
   with no Spark overhead at all.
 
 Each figure is rows / wall time of the measured action, the median over ``--rounds`` rounds.
-The last two lines are the ratios of the spark median to the ceiling's and to per-row's.
+The last three lines are the ratios of the spark median to the ceiling's, to per-row's and to
+blocking's (the one that says what ``call_service``'s pipelining is worth).
 
 Run: ``python -m benchmarks.spark [--rounds N] [--rows N] [--quick]``.
 """
@@ -121,9 +127,49 @@ def per_row_calls(url: str, rows: Iterable[Any]) -> Iterator[Any]:
             yield client.call("enrich", "score", row, text(row))
 
 
-def measure(spark: Any, url: str, kind: str, args: argparse.Namespace) -> float:
+def blocking_calls(url: str, run: str, batches: Iterable[Any]) -> Iterator[Any]:
+    """A ``mapInPandas`` task as a user writes it: one blocking client for the partition, one
+    call per row, waiting for each reply before the next call."""
+    from framework.client import blocking
+
+    with blocking.connect(url) as client:
+        for batch in batches:
+            replies = [
+                client.call("enrich", "score", row, text, message_id=f"{run}:{row}")
+                for row, text in zip(batch["id"].tolist(), batch["text"].tolist(), strict=True)
+            ]
+            yield batch.assign(
+                score=[reply["score"] for reply in replies],
+                label=[reply["label"] for reply in replies],
+            )
+
+
+def enriched(spark: Any, url: str, kind: str, rows: int, partitions: int) -> Any:
+    """The DataFrame ``kind`` ("spark" or "blocking") computes: ``rows`` rows in ``partitions``
+    partitions, with their ``score`` and ``label`` columns."""
     from framework.spark import call_service
 
+    df = spark.range(rows, numPartitions=partitions).selectExpr(
+        "id", f"concat('{TEXT} ', id) as text"
+    )
+    if kind == "blocking":  # message-ids as key="id" makes them: the same service work
+        return df.mapInPandas(
+            functools.partial(blocking_calls, url, uuid.uuid4().hex),
+            "id long, text string, score double, label string",
+        )
+    return call_service(
+        df,
+        url=url,
+        address="enrich",
+        operation="score",
+        args=["id", "text"],
+        result_schema="score double, label string",
+        key="id",
+        in_flight=IN_FLIGHT,
+    )
+
+
+def measure(spark: Any, url: str, kind: str, args: argparse.Namespace) -> float:
     if kind == "ceiling":
         proc = child(["--child", "ceiling", "--url", url, "--rows", str(args.rows)])
         try:
@@ -135,18 +181,8 @@ def measure(spark: Any, url: str, kind: str, args: argparse.Namespace) -> float:
         sample = spark.sparkContext.parallelize(range(args.sample), args.partitions)
         count = sample.mapPartitions(functools.partial(per_row_calls, url)).count()
     else:
-        df = spark.range(args.rows, numPartitions=args.partitions)
-        enriched = call_service(
-            df.selectExpr("id", f"concat('{TEXT} ', id) as text"),
-            url=url,
-            address="enrich",
-            operation="score",
-            args=["id", "text"],
-            result_schema="score double, label string",
-            key="id",
-            in_flight=IN_FLIGHT,
-        )
-        enriched.write.format("noop").mode("overwrite").save()
+        df = enriched(spark, url, kind, args.rows, args.partitions)
+        df.write.format("noop").mode("overwrite").save()
         count = args.rows
     return float(count) / (time.perf_counter() - started)
 
@@ -178,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         url = answer(server)["url"]
         spark = local_session("local[2]", "pairlink-bench")
         spark.range(10, numPartitions=2).rdd.count()  # the Python workers start here
-        kinds = ["spark", "per-row", "ceiling"]
+        kinds = ["spark", "blocking", "per-row", "ceiling"]
         rates, _ = alternate(
             kinds,
             args.rounds,
@@ -200,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {kind:<8} {medians[kind]:10,.0f} rows/s")
     print(f"spark ratio vs ceiling: {medians['spark'] / medians['ceiling']:.2f}")
     print(f"spark ratio vs per-row: {medians['spark'] / medians['per-row']:.2f}")
+    print(
+        "spark ratio vs one blocking client per partition: "
+        f"{medians['spark'] / medians['blocking']:.2f}"
+    )
     return 0
 
 
