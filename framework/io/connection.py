@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import ssl
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -131,6 +132,9 @@ class AmqpConnection:
         self._input_hold: trio.Event | None = None
         self.max_outgoing_bytes = max_outgoing_bytes
         self._sending = 0  # bytes handed to the socket whose send has not returned yet
+        self._unsent = b""  # the rest of a write-through the socket did not take: next out
+        tcp = stream if isinstance(stream, trio.SocketStream) and os.name == "posix" else None
+        self._socket = None if tcp is None else tcp.socket  # for _write_through (os.write)
         self._backlogged = False  # the peer is behind on reading: new credit is held back
         self._drained = trio.Event()  # set when a backlog has gone
         self._deferred_flows: dict[Link, int] = {}  # credit increases held back meanwhile
@@ -240,7 +244,7 @@ class AmqpConnection:
 
     def _waiting_bytes(self) -> int:
         """What we hold for the peer: queued in the engine, and in a send not yet done."""
-        return self._sending + self.engine.output_size
+        return self._sending + len(self._unsent) + self.engine.output_size
 
     def _hold_credit(self) -> None:
         if not self._backlogged:
@@ -272,7 +276,7 @@ class AmqpConnection:
         calls produced before the next is decoded (a large message's bytes alone yield
         nothing to send, so they cost no extra task switch)."""
         if len(data) <= FEED_SLICE:
-            if self._feed(data):
+            if self._feed(data, through=True):
                 await self._resume_held()
             return
         view = memoryview(data)
@@ -287,11 +291,14 @@ class AmqpConnection:
             if self._feed(view[start : start + FEED_SLICE]):
                 await self._resume_held()
 
-    def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
+    def _feed(self, data: bytes | bytearray | memoryview | None, through: bool = False) -> bool:
         """Hand bytes to the engine (None: resume the input it holds) and dispatch what they
         meant; True when an ``on_attach`` held the input (``hold_input``), with bytes still
-        waiting in the engine."""
+        waiting in the engine. ``through``: the answer may go out from here (_write_through)."""
         engine = self.engine
+        through = through and self._socket is not None and not self._kicked
+        self._kicked |= through  # the kicks of this input wait: its answer may go out from here
+        held = False
         try:
             if data is None:
                 events = engine.resume_input()
@@ -302,13 +309,32 @@ class AmqpConnection:
                 if not engine.input_paused or self._abandoned:
                     break
                 if self._input_hold is not None:
-                    self.kick()
-                    return True
+                    held = True
+                    break
                 events = engine.resume_input()
         except Exception as exc:  # the engine's own bug: this connection alone pays for it
             self._abandon(exc)
+        self._kicked &= not through  # the kicks held above: the answer goes out here, or kick
+        if through and not held and self._write_through():
+            return False
         self.kick()
-        return False
+        return held
+
+    def _write_through(self) -> bool:
+        """One non-blocking write of what the engine queued, from the reader: no wake-up of
+        the writer (two task steps and a run-loop pass per sequential call). Plain TCP (POSIX),
+        writer idle, nothing queued before; False: the writer sends the rest, reports errors."""
+        socket, engine = self._socket, self.engine
+        idle = not (self._sending or self._unsent or self._backlogged or self._abandoned)
+        if socket is None or not idle or engine.transport_done or self.closed.is_set():
+            return False
+        data = engine.data_to_send(trio.current_time())
+        try:
+            sent = os.write(socket.fileno(), data) if data else 0  # closed: fileno -1, EBADF
+        except OSError:  # full (BlockingIOError) or broken: the writer's send_all says which
+            sent = 0
+        self._unsent = data[sent:]
+        return not self._unsent
 
     def _abandon(self, exc: Exception) -> None:
         """Backstop: an exception escaped our handling of this connection's input (engine,
@@ -353,7 +379,7 @@ class AmqpConnection:
                 # transport_done is read before the send: bytes queued while a send was in
                 # progress (a SASL outcome, a close reply) still go out on the next round
                 done = engine.transport_done or self._abandoned
-                data = engine.data_to_send(trio.current_time())
+                data, self._unsent = self._unsent + engine.data_to_send(trio.current_time()), b""
                 if data:
                     self._sending = len(data)
                     try:
