@@ -15,9 +15,9 @@ import trio.testing
 from framework import handler, hosted, open_server, service
 from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER
 from framework.client.client import connect
+from framework.client.health import DRAINING, HEALTH, SERVING, check_health
 from framework.errors import RemoteError
 from framework.rpc.payload import Encoding
-from framework.server.health import DRAINING, HEALTH, SERVING, check_health
 from framework.server.serving import Server
 from tests.service_peers import raw_client, status
 

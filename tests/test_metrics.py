@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from framework import handler, open_server, service
 from framework.client import blocking
 from framework.client.client import connect
+from framework.client.health import HEALTH
 from framework.errors import RemoteError
 from framework.io.metrics import MetricsUnavailable, parse_listen
 from framework.io.metrics_http import MAX_SCRAPES, READ_TIMEOUT
@@ -23,7 +24,6 @@ from framework.rpc import wire
 from framework.rpc.deadline import wall_time
 from framework.rpc.payload import Encoding
 from framework.rpc.wire import CallError
-from framework.server.health import HEALTH
 from framework.server.metrics import UNKNOWN_OPERATION
 from tests.scraping import Scrape, http_get, scrape
 from tests.service_peers import wait_for

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from framework.client.health import DRAINING, HEALTH, SERVING, check_health
+from framework.client.health import HEALTH, SERVING
 from framework.rpc.wire import NOT_FOUND, CallError
 from framework.server.service import handler, service
-
-__all__ = ["DRAINING", "HEALTH", "SERVING", "Health", "check_health"]
 
 
 @service(HEALTH, max_concurrency=4, mailbox=16)

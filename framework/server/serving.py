@@ -17,6 +17,7 @@ import trio
 from framework.amqp.link import Link, LinkState
 from framework.client.client import Client, ServiceProxy
 from framework.client.client import connect as connect_client
+from framework.client.health import DRAINING, HEALTH
 from framework.io.connection import AmqpConnection
 from framework.io.limits import Limits
 from framework.io.listener import Listener
@@ -28,7 +29,7 @@ from framework.rpc.wire import CALL_ENVELOPE
 from framework.server.actor import Actor
 from framework.server.container import Container, Peer
 from framework.server.context import Middleware, check_middleware
-from framework.server.health import DRAINING, HEALTH, Health
+from framework.server.health import Health
 from framework.server.metrics import ServerMetrics
 from framework.server.service import Hosted, hosted, spec_of
 
