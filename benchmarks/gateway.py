@@ -9,14 +9,20 @@ for ``--duration`` seconds, then sequential calls for p50/p99; CPU per call of e
 The two paths alternate, the order swapping every round; the table gives the medians, and the
 last line is the ratio of the median throughputs, through gateways over direct.
 
-Run: ``python -m benchmarks.gateway [--rounds N] [--quick]``.
+``--profile`` adds one round through the gateways with GN and GO under cProfile during the
+throughput window, and prints where each gateway's time per call goes (what a relay spends on a
+message it forwards undecoded).
+
+Run: ``python -m benchmarks.gateway [--rounds N] [--quick] [--profile]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,12 +30,14 @@ from pathlib import Path
 from benchmarks.rpc import (
     READY_TIMEOUT,
     Child,
+    ChildFailed,
     _terminate,
     alternate,
     children,
     client_argv,
     drive,
     median,
+    print_profile,
     run_main,
     server_argv,
 )
@@ -45,16 +53,23 @@ address = "echo"
 """
 
 
-def start_gateway(name: str, upstream: int, folder: Path, args: argparse.Namespace) -> Child:
+def start_gateway(
+    name: str, upstream: int, folder: Path, args: argparse.Namespace, profile_dir: str | None
+) -> Child:
     """A gateway process routing ``echo`` to the port ``upstream``; it says ``{"ready": port}``
-    once it listens, then reports its CPU time like the echo server does."""
+    once it listens, then reports its CPU time like the echo server does (``profile_dir``: and
+    writes its profile there as ``NAME.prof``)."""
     config = folder / f"{name}.toml"
     config.write_text(GATEWAY_CONFIG.format(name=name, upstream=upstream))
     argv = ["--child", "gateway", "--config", str(config), "--log-level", args.log_level]
+    if profile_dir is not None:
+        argv += ["--profile-out", os.path.join(profile_dir, f"{name}.prof")]
     return Child(name, argv, module="benchmarks.gateway")
 
 
-def run_round(path: str, args: argparse.Namespace) -> dict[str, float]:
+def run_round(
+    path: str, args: argparse.Namespace, profile_dir: str | None = None
+) -> dict[str, float]:
     with children() as procs, tempfile.TemporaryDirectory(prefix="pairlink-gw-bench-") as folder:
         co = Child("co", server_argv("pairlink", args))
         procs.append(co)
@@ -64,18 +79,18 @@ def run_round(path: str, args: argparse.Namespace) -> dict[str, float]:
         servers = {"server": co}
         if path == "gateways":
             for name in ("go", "gn"):  # GO routes to CO; GN to GO; the client calls GN
-                gateway = start_gateway(name, port, Path(folder), args)
+                gateway = start_gateway(name, port, Path(folder), args, profile_dir)
                 procs.append(gateway)
                 port = gateway.receive(READY_TIMEOUT)["ready"]
                 servers[name] = gateway
-        return drive(client, port, servers, args)
+        return drive(client, port, servers, args, profile_dir=profile_dir)
 
 
 # ---------------------------------------------------------------------------------------------
 # The gateway process
 
 
-def gateway_child(config: str, log_level: str) -> None:
+def gateway_child(config: str, log_level: str, profile_out: str | None) -> None:
     import logging
 
     import structlog
@@ -86,9 +101,11 @@ def gateway_child(config: str, log_level: str) -> None:
 
     level = logging.getLevelNamesMapping()[log_level.upper()]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
-    control = ServerControl(Control())
+    control = ServerControl(Control(), profile_out=profile_out)
 
     async def main() -> None:
+        token = trio.lowlevel.current_trio_token()
+        control.in_serving_thread = lambda fn: trio.from_thread.run_sync(fn, trio_token=token)
         async with trio.open_nursery() as nursery:
             gateway = await nursery.start(serve_gateway, config)
             control.ready(gateway.port)  # it exits the process when the driver closes stdin
@@ -139,21 +156,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 short round")
     parser.add_argument(
+        "--profile", action="store_true", help="one more round with the gateways under cProfile"
+    )
+    parser.add_argument("--profile-top", type=int, default=18, help="rows of the profile (18)")
+    parser.add_argument(
         "--log-level", default="warning", help="structlog level of pairlink's processes"
     )
     parser.add_argument("--child", choices=("gateway",), help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--profile-out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.warmup, args.latency_calls = 1, 0.5, 0.2, 300
-    args.profile_phase = "throughput"  # benchmarks.rpc's client takes it; nothing is profiled
+    args.profile_phase = "throughput"  # the window profiled, and benchmarks.rpc's client takes it
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child:
-        gateway_child(args.config, args.log_level)
+        gateway_child(args.config, args.log_level, args.profile_out)
         return 0
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
@@ -166,6 +188,24 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     results, failures = alternate(PATHS, args.rounds, lambda path: run_round(path, args), report)
+    if args.profile:
+        with tempfile.TemporaryDirectory(prefix="pairlink-gw-prof-") as folder:
+            try:
+                figures = run_round("gateways", args, profile_dir=folder)
+            except ChildFailed as exc:
+                failures += 1
+                print(f"profiled round: FAILED: {exc}", file=sys.stderr)
+            else:
+                calls = int(figures["throughput.calls"])
+                print("\nprofiled round through the gateways, throughput phase (cProfile inflates")
+                print(
+                    f"every Python call: GN {figures['throughput.gn_us']:.1f} µs CPU/call under it)"
+                )
+                for name in ("gn", "go"):
+                    title = f"gateway {name.upper()}"
+                    print_profile(
+                        os.path.join(folder, f"{name}.prof"), calls, title, args.profile_top
+                    )
     print_table(results, args)
     print(f"{time.monotonic() - started:.0f} s in all")
     direct, gateways = results["direct"], results["gateways"]

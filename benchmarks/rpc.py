@@ -12,8 +12,10 @@ and are started afresh for every round:
   default of 10 starves a pipelined peer);
 - grpc: ``grpc.aio`` with a generic unary-unary handler on raw bytes.
 
-Handler kinds: the pairlink echo is an ``@handler(inline=True)`` plain ``def`` (run on the event
-loop as soon as the request is read). A second section serves the same workload with each kind of
+Handler kinds: the ``pairlink`` row's echo is an ``@handler(inline=True)`` plain ``def`` (run on
+the event loop as soon as the request is read); the ``pairlink-async`` row calls the same echo
+written as an ``async def`` (run in a worker task), and has ratio lines of its own. A second
+section serves the same workload with each kind of
 handler of ``services/echo.py`` (``--kinds``): ``inline`` (``echo``), ``thread`` (``echo_thread``,
 a plain ``def``'s default: a worker thread per call) and ``async`` (``echo_async``), in
 ``--kind-rounds`` rounds of their own, and ends with what a thread and an ``async def`` cost
@@ -62,6 +64,14 @@ ROOT = Path(__file__).resolve().parent.parent
 STACKS = ("pairlink", "proton", "grpc")
 HANDLERS = {"inline": "echo", "thread": "echo_thread", "async": "echo_async"}
 """The kinds of handler the pairlink client can call, and the echo service's operation of each."""
+CONTESTANTS = {
+    "pairlink": ("pairlink", "inline"),
+    "pairlink-async": ("pairlink", "async"),
+    "proton": ("proton", "inline"),
+    "grpc": ("grpc", "inline"),
+}
+"""The rows of the main table: a stack, and for pairlink the kind of handler called (the echo a
+user writes as ``async def`` has a row of its own, measured in the same rotation as the peers)."""
 READY_TIMEOUT = 60.0
 PHASE_SLACK = 60.0
 
@@ -289,13 +299,13 @@ def print_table(
         f"{args.latency_calls} sequential calls; medians of the rounds ({elapsed:.0f} s in all)"
     )
     widths = [max(len(title), 7) + 2 for _, title, _ in COLUMNS]
-    head = f"{what:<9}{'rounds':>6}"
+    head = f"{what:<15}{'rounds':>6}"
     head += "".join(f"{title:>{w}}" for (_, title, _), w in zip(COLUMNS, widths, strict=True))
     print(head + f"{'calls/s range':>16}")
     print("-" * (len(head) + 16))
     for stack, rounds in results.items():
         if not rounds:
-            print(f"{stack:<9}{0:>6}  ({'failed every round' if args.rounds else 'not run'})")
+            print(f"{stack:<15}{0:>6}  ({'failed every round' if args.rounds else 'not run'})")
             continue
         cells = "".join(
             f"{fmt.format(median(rounds, key)):>{w}}"
@@ -303,7 +313,7 @@ def print_table(
         )
         rates = [r["throughput"] for r in rounds]
         spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
-        print(f"{stack:<9}{len(rounds):>6}{cells}{spread:>16}")
+        print(f"{stack:<15}{len(rounds):>6}{cells}{spread:>16}")
     print(LEGEND)
     print()
 
@@ -320,14 +330,17 @@ def kind_line(results: dict[str, list[dict[str, float]]], kind: str) -> str:
     )
 
 
-def ratio_line(results: dict[str, list[dict[str, float]]], other: str) -> str:
-    ours, theirs = results.get("pairlink"), results.get(other)
+def ratio_line(
+    results: dict[str, list[dict[str, float]]], other: str, name: str = "pairlink"
+) -> str:
+    """``rpc throughput ratio vs OTHER``, for ``name``'s row (the async row says so)."""
+    ours, theirs = results.get(name), results.get(other)
+    label = f"rpc throughput ratio vs {other}"
+    if name != "pairlink":
+        label += f" ({name.removeprefix('pairlink-')} handler)"
     if not ours or not theirs:
-        return f"rpc throughput ratio vs {other}: n/a"
-    return (
-        f"rpc throughput ratio vs {other}: "
-        f"{median(ours, 'throughput') / median(theirs, 'throughput'):.2f}"
-    )
+        return f"{label}: n/a"
+    return f"{label}: {median(ours, 'throughput') / median(theirs, 'throughput'):.2f}"
 
 
 IDLE = ("<method 'poll' of 'select.epoll' objects>", "<built-in method select.select>")
@@ -390,7 +403,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--latency-calls", type=int, default=1500, help="sequential calls for p50/p99 (1500)"
     )
-    parser.add_argument("--stacks", default=",".join(STACKS), help="comma-separated subset")
+    parser.add_argument(
+        "--stacks", default=",".join(CONTESTANTS), help="comma-separated subset of the rows"
+    )
     parser.add_argument(
         "--kinds",
         default=",".join(HANDLERS),
@@ -430,7 +445,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.rounds, args.duration, args.warmup, args.latency_calls = 1, 0.5, 0.2, 300
         args.kind_rounds = 1
     args.stacks = [s.strip() for s in args.stacks.split(",") if s.strip()]
-    unknown = set(args.stacks) - set(STACKS)
+    unknown = set(args.stacks) - set(CONTESTANTS)
     if unknown:
         parser.error(f"unknown stacks: {', '.join(sorted(unknown))}")
     args.kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
@@ -519,15 +534,17 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(stack: str, figures: dict[str, float]) -> str:
         return (
-            f"{stack:<9} {figures['throughput']:9,.0f} calls/s"
+            f"{stack:<15} {figures['throughput']:9,.0f} calls/s"
             f"  p50 {figures['p50']:6,.0f} µs  p99 {figures['p99']:6,.0f} µs"
             f"  server {figures['throughput.server_us']:6.1f} µs/call"
             f" ({figures['latency.server_us']:.1f} sequential)"
         )
 
-    results, failures = alternate(
-        args.stacks, args.rounds, lambda stack: run_stack(stack, args, pin=args.pin), report
-    )
+    def measure(name: str) -> dict[str, float]:
+        stack, handler = CONTESTANTS[name]
+        return run_stack(stack, args, pin=args.pin, handler=handler)
+
+    results, failures = alternate(args.stacks, args.rounds, measure, report)
     if args.profile:
         # Pinned apart, neither side preempts the other on a wake-up: cProfile's wall clock
         # would otherwise charge the peer's run to the socket send that woke it.
@@ -558,8 +575,10 @@ def main(argv: list[str] | None = None) -> int:
                         args.profile_top,
                     )
     print_table(results, args, time.monotonic() - started)
-    print(ratio_line(results, "proton"))
-    print(ratio_line(results, "grpc"))
+    for ours in ("pairlink", "pairlink-async"):
+        for other in ("proton", "grpc"):
+            if ours in results:
+                print(ratio_line(results, other, ours))
     if args.kinds:
         started = time.monotonic()
         print(f"\npairlink handler kinds ({', '.join(f'{k}: {HANDLERS[k]}' for k in args.kinds)})")

@@ -18,8 +18,11 @@ What limits the figure on a 2-core machine: the clients share the cores with the
 a pairlink client spends more CPU per call than the server does (the ``µs/call`` figures). With
 two workers, workers and clients together keep both cores busy (the ``cores`` figures of each
 round), so the machine, mostly its clients, is the limit, not the workers: the server's CPU per
-call stays the same with two workers. With clients on other machines, or spare cores, two
-workers approach twice the throughput of one as long as the connections spread evenly.
+call stays the same with two workers. The last line puts a number on it: the most calls/s
+these CPUs can give when every call costs the server and the clients what the two-worker rounds
+measured (CPUs / (server + client CPU per call)), as a multiple of one worker's throughput; no
+number of workers scales past it. With clients on other machines, or spare cores, two workers
+approach twice the throughput of one as long as the connections spread evenly.
 
 Run: ``python -m benchmarks.workers [--rounds N] [--quick]``.
 """
@@ -262,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     one, two = median(results["1"], "throughput"), median(results["2"], "throughput")
     print(f"workers scaling 2 vs 1: {two / one:.2f}")
+    cpus = len(os.sched_getaffinity(0))
+    per_call = (median(results["2"], "server_us") + median(results["2"], "client_us")) / 1e6
+    ceiling = cpus / per_call
+    print(
+        f"workers ceiling of {cpus} CPUs shared with the clients: {ceiling:,.0f} calls/s, "
+        f"{ceiling / one:.2f} x workers 1"
+    )
     return 1 if failures else 0
 
 
