@@ -431,6 +431,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="throughput",
         help="the window profiled: pipelined calls (default) or sequential ones",
     )
+    parser.add_argument(
+        "--profile-kind",
+        choices=HANDLERS,
+        default="inline",
+        help="with --profile: the kind of handler the profiled round calls (inline)",
+    )
     parser.add_argument("--profile-top", type=int, default=18, help="rows of the profile (18)")
     parser.add_argument(
         "--log-level", default="warning", help="structlog level of pairlink's processes"
@@ -551,7 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         can_pin = {0, 1} <= os.sched_getaffinity(0)
         with tempfile.TemporaryDirectory(prefix="pairlink-rpc-prof-") as folder:
             try:
-                figures = run_stack("pairlink", args, profile_dir=folder, pin=can_pin)
+                figures = run_stack(
+                    "pairlink", args, profile_dir=folder, pin=can_pin, handler=args.profile_kind
+                )
             except ChildFailed as exc:
                 failures += 1
                 print(f"profiled pairlink round: FAILED: {exc}", file=sys.stderr)
@@ -559,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
                 phase = args.profile_phase
                 calls = int(figures[f"{phase}.calls"])
                 print(
-                    f"\nprofiled pairlink round, {phase} phase"
+                    f"\nprofiled pairlink round ({args.profile_kind} handler), {phase} phase"
                     f"{' (server on CPU 0, client on CPU 1)' if can_pin else ''}; cProfile "
                     f"inflates every Python call: server {figures[f'{phase}.server_us']:.1f} µs "
                     f"CPU/call under it"

@@ -9,8 +9,11 @@ from typing import Any
 import msgpack
 import proton
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from framework.amqp.messaging import Header, Message, Properties
+from framework.amqp.types import ULong
 from framework.errors import RemoteError
 from framework.rpc.payload import Encoding, PayloadError, decode_value, set_body, split_arguments
 from framework.rpc.wire import (
@@ -30,6 +33,7 @@ from framework.rpc.wire import (
     parse_request,
     reply_message,
     request_message,
+    with_status,
 )
 
 NOW = 1_800_000_000.0
@@ -241,3 +245,84 @@ def test_the_fast_paths_refuse_what_the_messages_refuse() -> None:
         encode_request("op", ("text",), {}, message_id=1, now=NOW, encoding=Encoding.RAW)
     with pytest.raises(PayloadError):
         encode_request("op", (1,), {"a": 2}, message_id=1, now=NOW, encoding=Encoding.JSON)
+
+
+MESSAGE_IDS = st.one_of(
+    st.none(), st.text(max_size=300), st.integers(0, 2**64 - 1), st.binary(max_size=300),
+    st.uuids(), st.builds(ULong, st.integers(0, 2**64 - 1)),
+)  # fmt: skip
+ADDRESSES = st.one_of(st.none(), st.text(max_size=300))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    message_id=MESSAGE_IDS,
+    reply_to=ADDRESSES,
+    timeout=st.one_of(st.none(), st.floats(-10, 1e6)),
+    encoding=st.sampled_from(Encoding),
+    headers=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.text(), max_size=2)),
+)
+def test_encode_request_writes_the_bytes_the_codec_writes(
+    message_id: Any,
+    reply_to: str | None,
+    timeout: float | None,
+    encoding: Encoding,
+    headers: dict[str, str] | None,
+) -> None:
+    """Every id type and size (list8 and list32 properties), with and without a deadline, a
+    reply-to or headers: the request's bytes are the ``Message``'s, and decode back to it."""
+    args = (b"\x01",) if encoding is Encoding.RAW else ("x",)
+    options: Any = {"message_id": message_id, "now": NOW, "timeout": timeout}
+    expected = request_message("op", args, {}, reply_to=reply_to, encoding=encoding, **options)
+    if headers:
+        expected.application_properties = {**headers, OPERATION: "op"}
+    got = encode_request(
+        "op", args, {}, reply_to=reply_to, encoding=encoding, headers=headers, **options
+    )
+    assert got == expected.encode()
+    props = Message.decode(got).properties
+    assert props is not None and (props.message_id, props.reply_to) == (message_id, reply_to)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    message_id=MESSAGE_IDS,
+    to=ADDRESSES,
+    encoding=st.sampled_from(Encoding),
+    extra=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.integers(0, 9), max_size=2)),
+)
+def test_encode_reply_writes_the_bytes_the_codec_writes(
+    message_id: Any, to: str | None, encoding: Encoding, extra: dict[str, Any] | None
+) -> None:
+    """Every correlation-id type and size, with and without a ``to`` or extra properties."""
+    request = Request("op", [], {}, message_id, ME, encoding, None, Message())
+    value = b"\x02" if encoding is Encoding.RAW else "y"
+    expected = reply_message(request, value, to=to)
+    if extra:
+        expected.application_properties = with_status(extra, 200, "OK")
+    got = encode_reply(request, value, to=to, extra=extra)
+    assert got == expected.encode()
+    props = Message.decode(got).properties
+    assert props is not None and (props.correlation_id, props.to) == (message_id, to)
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [2.6e11, -1e11, 253_402_300_799.0, 4e6, -62_135_596_800.0, -62_135_596_800.5, 1e30],
+)
+def test_deadlines_near_the_datetime_bounds_encode_or_fail_as_the_message_does(
+    timeout: float,
+) -> None:
+    """The request's expiry is computed without a datetime: the same milliseconds, and the
+    same error where the datetime would not exist or the ttl is no uint."""
+
+    def outcome(encode: Any) -> Any:
+        try:
+            return encode()
+        except (OverflowError, ValueError) as exc:
+            return type(exc), str(exc)
+
+    options: Any = {"message_id": "id", "now": 0.0, "timeout": timeout}
+    ours = outcome(lambda: encode_request("op", (), {}, **options))
+    theirs = outcome(lambda: request_message("op", (), {}, **options).encode())
+    assert ours == theirs

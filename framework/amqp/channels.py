@@ -13,6 +13,7 @@ input.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from . import errors
@@ -79,25 +80,14 @@ class Channels:
     def new(self, channel: int, state: SessionState) -> Session:
         session = Session(
             channel,
-            self._write_placeholder,
+            partial(self._write, channel),  # (a session keeps its channel: no closure frame)
             state,
             incoming_window_size=self._config.session_window,
             handle_max=self._config.handle_max,
             incoming=self._incoming,
         )
-        session.write = self._session_writer(session)
         self.sessions[channel] = session
         return session
-
-    def _session_writer(self, session: Session) -> Any:
-        def write(performative: Any, payload: bytes | memoryview) -> None:
-            self._write(session.channel, performative, payload)
-
-        return write
-
-    @staticmethod
-    def _write_placeholder(_performative: Any, _payload: bytes | memoryview) -> None:
-        raise AssertionError("session writer not bound")
 
     def limit(self) -> int:
         """The highest channel of ours: within our channel-max and the peer's (§2.7.1)."""
@@ -227,7 +217,7 @@ class Channels:
     def on_transfer(
         self, channel: int, perf: Transfer, payload: memoryview, events: list[Event]
     ) -> None:
-        session = self._session(channel)
+        session = self._remote_sessions.get(channel) or self._session(channel)
         try:
             link, done = session.on_transfer(perf, payload)
         except LinkError as exc:

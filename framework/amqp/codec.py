@@ -395,6 +395,49 @@ def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     return result, off
 
 
+# What a remembered map may hold: values no holder of the map can change.
+_IMMUTABLE = frozenset((str, Symbol, Char, bytes, bool, int, float, type(None), UByte, UShort,
+                        UInt, ULong, Byte, Short, Int, Long, Float32, datetime.datetime,
+                        uuid.UUID))  # fmt: skip
+_MEMO_SIZE = 256
+
+
+def memoized_maps(dec: ClassDecoder) -> ClassDecoder:
+    """``dec``, the decoder of a map section, remembering the last few maps8 of immutable keys
+    and values it decoded by their encoding: a copy of the map comes back when the same bytes
+    do (an RPC's application-properties mostly repeat: one operation name, one status), so
+    they are decoded once. The copy counts against the decode's budget as the map would.
+
+    Only a ``bytes`` buffer is looked up (a slice of it is the key); the memo is cleared when
+    full, so bytes that never repeat cost one lookup and one insertion each."""
+    memo: dict[bytes, dict[Any, Any]] = {}
+    immutable = _IMMUTABLE
+
+    def d(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        if code != 0xC1 or type(buf) is not bytes:
+            return dec(code, buf, off, depth)
+        end = off + 1 + buf[off]
+        key = buf[off:end]  # a truncated one is shorter than a remembered one of its size
+        hit = memo.get(key)
+        if hit is not None:
+            cell = _BUDGET.cell
+            left = cell[0] - 2 * len(hit)
+            if left < 0:
+                raise _over_budget()
+            cell[0] = left
+            return hit.copy(), end
+        value, off = dec(code, buf, off, depth)
+        for k, v in value.items():
+            if type(k) not in immutable or type(v) not in immutable:
+                return value, off
+        if len(memo) >= _MEMO_SIZE:
+            memo.clear()
+        memo[key] = value.copy()
+        return value, off
+
+    return d
+
+
 def _d_map8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     return _pairs(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
 

@@ -38,6 +38,7 @@ from .messaging import Error, Source, Target
 from .performatives import (
     MIN_MAX_FRAME_SIZE,
     RCV_FIRST,
+    ROLE_SENDER,
     SND_MIXED,
     SND_SETTLED,
     Close,
@@ -46,6 +47,7 @@ from .performatives import (
     Transfer,
 )
 from .session import Session, SessionState
+from .transfer_codec import encode_transfer_frame
 from .types import Symbol
 
 __all__ = ["Connection", "ConnectionConfig"]  # (ConnectionConfig lives in config.py)
@@ -138,7 +140,11 @@ class Connection:
     def _write(self, channel: int, performative: Any, payload: bytes | memoryview = b"") -> None:
         if self._close_sent:  # nothing follows our close (§2.4.3): settling, granting credit or
             return  # detaching on events of input that ended in a close is then a no-op
-        encode_frame(self._out if self._amqp_out else self._held, channel, performative, payload)
+        out = self._out if self._amqp_out else self._held
+        if type(performative) is Transfer:  # what encode_frame would do, one call fewer
+            encode_transfer_frame(out, channel, performative, payload)
+        else:
+            encode_frame(out, channel, performative, payload)
 
     def _start_amqp_output(self) -> None:
         """Our AMQP header goes out, then everything the user queued meanwhile."""
@@ -345,7 +351,9 @@ class Connection:
         ``presume_credit`` sends without credit while our attach is unanswered: the LP-10
         pipelining of an initiator that knows the responder grants credit on attach.
         """
-        if not link.is_sender or link.state not in (LinkState.ATTACH_SENT, LinkState.ATTACHED):
+        if link.role is not ROLE_SENDER or (
+            link.state is not LinkState.ATTACHED and link.state is not LinkState.ATTACH_SENT
+        ):  # (is_sender and a tuple's 'in', spelled out: once per message)
             raise LocalProtocolError(errors.ILLEGAL_STATE, f"cannot send on link {link.name!r}")
         if link.link_credit <= 0 and not (presume_credit and link.remote_attach is None):
             raise LocalProtocolError(errors.TRANSFER_LIMIT_EXCEEDED, "no link credit")
@@ -456,13 +464,18 @@ class Connection:
     def _process(self, events: list[Event]) -> None:
         reader = self._reader
         handshake = self._handshake
+        on_transfer = self._channels.on_transfer
         while not self.input_paused:
             phase = handshake.phase
             if phase is Phase.FRAMES:
                 frame = reader.read_frame()
                 if frame is None:
                     return
-                self._on_frame(frame, events)
+                perf = frame.performative
+                if type(perf) is not Transfer or self.remote_open is None or self._close_received:
+                    self._on_frame(frame, events)
+                else:  # the hot path: a transfer in an open connection
+                    on_transfer(frame.channel, perf, frame.payload, events)
                 continue
             if phase is Phase.SASL:
                 frame = reader.read_frame()
@@ -502,13 +515,8 @@ class Connection:
         if frame.type != FRAME_AMQP:
             raise RemoteProtocolError(errors.FRAMING_ERROR, "SASL frame after SASL")
         kind = type(perf)
-        if kind is Transfer:  # the hot path first
-            if self.remote_open is None or self._close_received:
-                raise RemoteProtocolError(
-                    errors.ILLEGAL_STATE, "transfer outside an open connection"
-                )
-            self._channels.on_transfer(frame.channel, perf, frame.payload, events)
-            return
+        if kind is Transfer:  # (a transfer in an open connection never comes here: _process)
+            raise RemoteProtocolError(errors.ILLEGAL_STATE, "transfer outside an open connection")
         if self.remote_open is None:
             if kind is not Open:
                 raise RemoteProtocolError(errors.ILLEGAL_STATE, f"{kind.__name__} before open")

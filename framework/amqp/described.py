@@ -93,6 +93,8 @@ _T = TypeVar("_T")
 
 _P_BII = struct.Struct(">BII").pack  # a list32 header: constructor, size, count
 _U_II = struct.Struct(">II").unpack_from
+_U_I = struct.Struct(">I").unpack_from
+_U_Q = struct.Struct(">Q").unpack_from
 
 _CLASSES: dict[Any, type] = {}
 """Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
@@ -103,7 +105,7 @@ _PROVIDERS: dict[str, set[Any]] = {}
 and of each composite under its own type name (``error``): what a ``requires`` field takes."""
 
 
-def _e_message_id(v: Any, out: bytearray) -> None:
+def encode_message_id(v: Any, out: bytearray) -> None:
     """Message ids are ulong, uuid, binary or string: a plain int can only mean ulong."""
     if type(v) is int:
         encode_ulong(v, out)
@@ -119,7 +121,7 @@ _FIELD_ENC: dict[str, Encoder] = {
     "decimal128": encode_decimal128, "char": encode_char, "timestamp": encode_timestamp,
     "uuid": encode_uuid, "binary": encode_binary, "string": encode_string,
     "symbol": encode_symbol, "list": encode_list, "map": encode_map, "fields": encode_fields,
-    "array": encode_array, "message-id": _e_message_id, "*": encode_into,
+    "array": encode_array, "message-id": encode_message_id, "*": encode_into,
 }  # fmt: skip
 assert set(_FIELD_ENC) == FIELD_TYPES
 # How an element of a ``multiple`` field is made into the value whose encoder fits the type.
@@ -268,6 +270,42 @@ def _writer(i: int, s: FieldSpec) -> list[str]:
     return [f"(ENC.get(type({v})) or resolve(type({v})))({v}, out)"]
 
 
+# Field encodings decoded inline by a composite's decoder, with no call: per constructor, the
+# field types whose table decodes it to exactly this (plain, unwrapped) value, the expression
+# building it from the data at ``off``, and the offset past it (``None``: a sized value, inlined
+# only when it fits the data, ending at ``e``; one that does not goes to the table's decoder,
+# which raises as ever).
+_INLINE: dict[int, tuple[frozenset[str], str, str | None]] = {
+    0xA1: (frozenset(("string", "message-id", "*")), "str(buf[off + 2:e], 'utf-8')", None),
+    0xA3: (frozenset(("symbol", "*")), "Symbol(str(buf[off + 2:e], 'ascii'))", None),
+    0xA0: (frozenset(("binary", "message-id", "*")), "bytes(buf[off + 2:e])", None),
+    0x52: (frozenset(("uint",)), "buf[off + 1]", "off + 2"),
+    0x53: (frozenset(("ulong",)), "buf[off + 1]", "off + 2"),
+    0x70: (frozenset(("uint",)), "U_I(buf, off + 1)[0]", "off + 5"),
+    0x80: (frozenset(("ulong",)), "U_Q(buf, off + 1)[0]", "off + 9"),
+    0x43: (frozenset(("uint",)), "0", "off + 1"),
+    0x44: (frozenset(("ulong",)), "0", "off + 1"),
+    0x41: (frozenset(("boolean", "*")), "True", "off + 1"),
+    0x42: (frozenset(("boolean", "*")), "False", "off + 1"),
+}
+
+
+def _reader(i: int, s: FieldSpec) -> list[str]:
+    """Source lines decoding the non-null field ``v{i}`` at ``off`` (its constructor in ``c``):
+    the common encodings of its type inline (``_INLINE``), any other through its table."""
+    lines = []
+    if not s.multiple and s.requires is None:
+        for code, (types, value, end) in _INLINE.items():
+            if s.amqp_type not in types:
+                continue
+            if end is None:
+                cond = f"c == {code} and (e := off + 2 + buf[off + 1]) <= blen"
+                lines.append(f"elif {cond}: v{i} = {value}; off = e")
+            else:
+                lines.append(f"elif c == {code}: v{i} = {value}; off = {end}")
+    return [*lines, f"else: v{i}, off = T{i}[c](buf, off + 1, depth)"]
+
+
 def _gen_composite(
     cls: type, name: str, pre: bytes, specs: list[tuple[str, FieldSpec]], provides: tuple[str, ...]
 ) -> None:
@@ -281,7 +319,8 @@ def _gen_composite(
                           "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError, "CLS": cls,
                           "LocalProtocolError": LocalProtocolError, "INVALID": INVALID_FIELD,
                           "skip": skip_values, "UINT_SMALL": UINT_SMALL, "ENC": ENCODERS,
-                          "resolve": resolve_encoder}  # fmt: skip
+                          "resolve": resolve_encoder, "Symbol": Symbol,
+                          "U_I": _U_I, "U_Q": _U_Q}  # fmt: skip
     enc = ["def enc(self, out):"]
     dec = [
         "def dec(code, buf, off, depth):",
@@ -293,7 +332,8 @@ def _gen_composite(
         "        size, n = U_II(buf, off); end = off + 4 + size; off += 8",
         "    else:",
         f"        raise DecodeError('{name}: constructor 0x%02x is not a list' % code)",
-        "    if end > len(buf) or n > end - off:",
+        "    blen = len(buf)",
+        "    if end > blen or n > end - off:",
         f"        raise DecodeError('{name}: list size or count exceeds the data')",
     ]
     post, body, indent = [], [], "    "
@@ -324,14 +364,14 @@ def _gen_composite(
             f"{indent}if n > {i}:",
             f"{indent}    c = buf[off]",  # nulls are common: skip them without a call
             f"{indent}    if c == 64: off += 1",
-            f"{indent}    else: v{i}, off = T{i}[c](buf, off + 1, depth)",
+            *(f"{indent}    {line}" for line in _reader(i, s)),
         ]
         indent += "    "
         if i < k - 1:
             body.append(f"{indent[:-4]}if n > {i + 1}:")
     dec.append(f"{indent}if n > {k}: off = skip(buf, off, n - {k}, depth)")
     if k:
-        dec.insert(11, "    " + " = ".join(f"v{i}" for i in range(k)) + " = None")
+        dec.insert(12, "    " + " = ".join(f"v{i}" for i in range(k)) + " = None")
         enc += [f"    {'el' if i < k - 1 else ''}if v{i} is not None: n = {i + 1}"
                 for i in reversed(range(k))]  # fmt: skip
         enc += ["    else:", "        out += list0", "        return"]

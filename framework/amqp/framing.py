@@ -20,7 +20,13 @@ import attrs
 
 from framework.amqp.codec import MAX_ELEMENTS, decode_from, encode_into
 from framework.amqp.errors import FRAMING_ERROR, DecodeError, RemoteProtocolError
-from framework.amqp.performatives import AMQP_PERFORMATIVES, SASL_PERFORMATIVES
+from framework.amqp.performatives import AMQP_PERFORMATIVES, SASL_PERFORMATIVES, Transfer
+from framework.amqp.transfer_codec import (
+    TRANSFER_PREFIX,
+    TRANSFER_WEIGHT,
+    decode_transfer,
+    encode_transfer_frame,
+)
 
 __all__ = [
     "AMQP_HEADER",
@@ -71,7 +77,11 @@ def encode_frame(
     frame_type: int = FRAME_AMQP,
 ) -> None:
     """Append one frame (no extended header) to ``out``; ``performative=None`` writes an empty
-    frame. Encodes straight into ``out`` and patches the size, so the body is never copied."""
+    frame. Encodes straight into ``out`` and patches the size, so the body is never copied;
+    a transfer takes the fast path of transfer_codec.py (same bytes)."""
+    if type(performative) is Transfer and frame_type == FRAME_AMQP:
+        encode_transfer_frame(out, channel, performative, payload)
+        return
     start = len(out)
     out += HEARTBEAT  # placeholder header, patched below
     if performative is not None:
@@ -107,7 +117,7 @@ class FrameReader:
 
     def __init__(self, max_frame_size: int = 0xFFFFFFFF, max_elements: int = MAX_ELEMENTS) -> None:
         self.max_frame_size = max_frame_size
-        self.max_elements = max_elements
+        self.max_elements = max_elements  # (below TRANSFER_WEIGHT: no fast path, see read_frame)
         self._buf = bytearray()
         self._pos = 0
 
@@ -170,8 +180,20 @@ class FrameReader:
         self._pos = pos + size
         if body_at == size:
             return Frame(ftype, channel, None, _NO_PAYLOAD)
+        # The common transfer is read in place, its payload copied once; any other shape (and
+        # every malformed one) goes the generic way below, which judges it.
+        start = pos + body_at
+        end = pos + size
+        if (
+            ftype == FRAME_AMQP
+            and buf.startswith(TRANSFER_PREFIX, start, end)
+            and self.max_elements >= TRANSFER_WEIGHT
+        ):
+            fast = decode_transfer(buf, start + 3, end)
+            if fast is not None:
+                return Frame(ftype, channel, fast[0], memoryview(buf[fast[1] : end]))
         # One copy into a private bytearray that is never resized, so views of it stay valid.
-        body = buf[pos + body_at : pos + size]
+        body = buf[start:end]
         performative, payload = split_body(body, self.max_elements)
         if type(performative) not in allowed:
             kind = "AMQP" if ftype == FRAME_AMQP else "SASL"

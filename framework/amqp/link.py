@@ -45,6 +45,7 @@ links, holds no more than one would (8 never-ending ones held 461 MiB before).""
 
 
 def serial_add(a: int, n: int) -> int:
+    """``a + n`` for serial numbers (the per-frame paths write ``(a + 1) & SERIAL_MASK``)."""
     return (a + n) & SERIAL_MASK
 
 
@@ -247,7 +248,7 @@ class Link:
 
     def consume_credit(self) -> None:
         """One delivery sent: credit may go below what we were granted only when pipelining."""
-        self.delivery_count = serial_add(self.delivery_count, 1)
+        self.delivery_count = (self.delivery_count + 1) & SERIAL_MASK
         if self.link_credit > 0:
             self.link_credit -= 1
 
@@ -287,16 +288,13 @@ class Link:
                     f"(at most {self.max_unsettled}): settle some before sending more",
                 )
             self.link_credit -= 1
-            self.delivery_count = serial_add(self.delivery_count, 1)
-            partial = Delivery(
-                self,
-                delivery_id,
-                bytes(transfer.delivery_tag),
-                settled=bool(transfer.settled),
-                message_format=transfer.message_format or 0,
-                remote_settled=bool(transfer.settled),
-                remote_state=transfer.state,
-            )
+            self.delivery_count = (self.delivery_count + 1) & SERIAL_MASK
+            settled = bool(transfer.settled)
+            # link, delivery_id, tag, settled, message_format, state, remote_state and
+            # remote_settled (positional: once per message)
+            tag = bytes(transfer.delivery_tag)
+            fmt = transfer.message_format or 0
+            partial = Delivery(self, delivery_id, tag, settled, fmt, None, transfer.state, settled)
         elif delivery_id is not None and delivery_id != partial.delivery_id:
             raise errors.RemoteProtocolError(
                 errors.INVALID_FIELD, "continuation transfer names another delivery-id"

@@ -25,10 +25,12 @@ from framework.amqp.codec import (
     decode_from,
     decode_more,
     encode_into,
+    memoized_maps,
     start_budget,
 )
 from framework.amqp.described import class_decoder, composite, restricted, value_decoder
 from framework.amqp.errors import DecodeError
+from framework.amqp.scalars import encode_binary
 from framework.amqp.types import Symbol, amqp_field
 
 __all__ = [
@@ -421,9 +423,12 @@ class Message:
         start_budget(max_elements)
         try:
             while pos < end:
-                if payload[pos] == 0 and payload[pos + 1] == 0x53 and payload[pos + 2] in fast:
+                usual = None
+                if payload[pos] == 0 and payload[pos + 1] == 0x53:
                     code = payload[pos + 2]
-                    rank, dec = fast[code]
+                    usual = fast.get(code)
+                if usual is not None:
+                    rank, dec = usual
                     value, pos = dec(payload[pos + 3], payload, pos + 4, 1)
                 else:
                     section, pos = decode_more(payload, pos)
@@ -439,12 +444,12 @@ class Message:
                 if rank == _BODY:
                     body_code = code
                     chunks.append(value)
-                elif rank == _HEADER:
-                    msg.header = value
                 elif rank == _PROPS:
                     msg.properties = value
                 elif rank == _APP:
                     msg.application_properties = value
+                elif rank == _HEADER:
+                    msg.header = value
                 elif rank == _MA:
                     msg.message_annotations = value
                 elif rank == _DA:
@@ -462,14 +467,24 @@ class Message:
         return msg
 
 
+_VALUE_START = b"\x00\x53\x77"  # the small-ulong descriptor of amqp:amqp-value:*
+_DATA_START = b"\x00\x53\x75"  # ... and of amqp:data:binary
+
+
 def encode_body(body: Any, kind: BodyKind, out: bytearray) -> None:
     """Append the body section(s) of a ``Message`` with this ``body`` and ``body_kind`` (see
     there) to ``out``: for a caller that writes the sections before it itself, as wire.py does
-    for every call, without building the whole ``Message``."""
+    for every call, without building the whole ``Message``. The two usual bodies (one
+    amqp-value, one data section of ``bytes``) are written as their constant descriptor and
+    the value, without the section object the codec would dispatch on."""
     if kind == "value":
-        encode_into(AmqpValue(body), out)
+        out += _VALUE_START
+        encode_into(body, out)
     elif kind == "data":
-        if isinstance(body, (bytes, bytearray, memoryview)):
+        if type(body) is bytes:
+            out += _DATA_START
+            encode_binary(body, out)
+        elif isinstance(body, (bytes, bytearray, memoryview)):
             encode_into(Data(body), out)  # type: ignore[arg-type]  # the codec takes any buffer
         elif isinstance(body, list) and body:
             for chunk in body:
@@ -494,6 +509,8 @@ _SECTION_DEC: dict[int, tuple[int, ClassDecoder]] = {
     )
     for c, r in _RANK.items()
 }
+for _code in (0x72, 0x74):  # annotations and application-properties: mostly repeated bytes
+    _SECTION_DEC[_code] = (_SECTION_DEC[_code][0], memoized_maps(_SECTION_DEC[_code][1]))
 _NAME_BY_CODE: dict[int, str] = {
     c.__amqp_descriptor__[0]: c.__name__  # type: ignore[attr-defined]
     for c in _RANK

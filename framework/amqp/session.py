@@ -20,6 +20,7 @@ from . import errors
 from .codec import encode
 from .link import (
     MAX_INCOMPLETE_BYTES,
+    SERIAL_MASK,
     Delivery,
     IncomingBytes,
     Link,
@@ -250,18 +251,13 @@ class Session:
         max_frame_size: int,
     ) -> Delivery:
         delivery = Delivery(link, self.next_delivery_id, tag, settled, message_format)
-        self.next_delivery_id = serial_add(self.next_delivery_id, 1)
+        self.next_delivery_id = (self.next_delivery_id + 1) & SERIAL_MASK
         link.consume_credit()
         if not settled:
             self.unsettled_out[delivery.delivery_id] = delivery
             link.unsettled += 1
-        first = Transfer(
-            handle=link.handle,
-            delivery_id=delivery.delivery_id,
-            delivery_tag=tag,
-            message_format=message_format,
-            settled=settled,
-        )
+        # handle, delivery-id, delivery-tag, message-format, settled (positional: per message)
+        first = Transfer(link.handle, delivery.delivery_id, tag, message_format, settled)
         if len(payload) + len(tag) + TRANSFER_BOUND <= max_frame_size - FRAME_HEADER_SIZE:
             self._queue_transfer(first, payload)  # one frame, whatever the exact overhead
             return delivery
@@ -286,10 +282,12 @@ class Session:
             self._blocked.append((transfer, chunk))
             self.blocked_bytes += len(chunk)
             return
-        self._write_transfer(transfer, chunk)
+        self.next_outgoing_id = (self.next_outgoing_id + 1) & SERIAL_MASK  # _write_transfer,
+        self.remote_incoming_window -= 1  # inlined: once per message
+        self.write(transfer, chunk)
 
     def _write_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
-        self.next_outgoing_id = serial_add(self.next_outgoing_id, 1)
+        self.next_outgoing_id = (self.next_outgoing_id + 1) & SERIAL_MASK
         self.remote_incoming_window -= 1
         self.write(transfer, chunk)
 
@@ -305,15 +303,15 @@ class Session:
         self, transfer: Transfer, payload: memoryview
     ) -> tuple[Link, tuple[Delivery, bytes] | None]:
         """Count the frame against our window, then hand it to its link for reassembly."""
-        link = self.remote_link(transfer.handle)
+        link = self.remote_links.get(transfer.handle) or self.remote_link(transfer.handle)
         if self.incoming_window <= 0:
             raise errors.RemoteProtocolError(
                 errors.WINDOW_VIOLATION, "transfer beyond the session's incoming window"
             )
         self.incoming_window -= 1
         if self.next_incoming_id is not None:
-            self.next_incoming_id = serial_add(self.next_incoming_id, 1)
-        if not link.is_receiver:
+            self.next_incoming_id = (self.next_incoming_id + 1) & SERIAL_MASK
+        if link.role is not ROLE_RECEIVER:
             raise errors.RemoteProtocolError(
                 errors.ILLEGAL_STATE, f"transfer on {link.name!r}, where the peer is receiver"
             )
@@ -334,7 +332,7 @@ class Session:
                 raise errors.RemoteProtocolError(
                     errors.INVALID_FIELD, f"delivery-id {delivery_id}, expected {expected}"
                 )
-            self.next_incoming_delivery = serial_add(delivery_id, 1)
+            self.next_incoming_delivery = (delivery_id + 1) & SERIAL_MASK
         done = link.receive_transfer(transfer, payload, delivery_id)
         if done is not None and not done[0].remote_settled:
             self.unsettled_in[done[0].delivery_id] = done[0]
@@ -367,7 +365,7 @@ class Session:
         for role, delivery_id, d_settled, d_state in pending[1:]:
             if (
                 role == run_role
-                and delivery_id == serial_add(last, 1)
+                and delivery_id == (last + 1) & SERIAL_MASK
                 and d_settled == settled
                 and d_state == state
             ):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import nullcontext
 from typing import Any, Protocol
 
 import attrs
@@ -55,24 +54,67 @@ class Calls(Protocol):
 
 @attrs.define(eq=False)
 class Call:
-    """One call in flight: its reply, or the error that ended it early. Until ``deadline``
-    (Trio clock) it waits under ``scope`` while its request may still wait to leave, then on
-    ``done`` alone, woken by the client's ``Timeouts`` when the deadline passes."""
+    """One call in flight: its request, then its reply or the error that ended it early.
+
+    Its caller waits once (``wait``), whether the request left at once or waits in the
+    sender's line for credit (:meth:`Sender.send_or_queue`, which sends ``payload`` and says
+    so through ``sent``). It is woken by the reply, an error, or the client's ``Timeouts`` when
+    ``deadline`` (Trio clock) passes: no cancel scope, no event. An unsettled request, whose
+    outcome the caller awaits too, waits under ``scope`` instead."""
 
     deadline: float
+    payload: bytes = b""
     scope: trio.CancelScope | None = None
-    done: trio.Event = attrs.field(factory=trio.Event)
     reply: Message | None = None
     error: PairlinkError | None = None
+    line: Sender | None = None  # the sender whose line it waits in, not sent yet
+    over: bool = False  # answered, failed or expired: its caller is woken (or need not wait)
+    task: trio.lowlevel.Task | None = None  # the caller, while it waits
+
+    async def wait(self) -> None:
+        if self.over:
+            await trio.lowlevel.checkpoint()
+            return
+        self.task = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
+        self.task = None  # cancelled: nothing wakes it any more
+        self.leave_line()
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def leave_line(self) -> None:
+        """A request whose caller is done with it (cancelled, timed out, failed) never
+        leaves: out of the line at once, before a flow that comes meanwhile could send it."""
+        line, self.line = self.line, None
+        if line is not None:
+            line.withdraw(self)
+
+    def _wake(self) -> None:
+        self.over = True
+        self.leave_line()
+        task, self.task = self.task, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def answer(self, reply: Message) -> None:
+        self.reply = reply
+        self._wake()
 
     def expire(self) -> None:
-        self.done.set()
+        self._wake()
 
     def end(self, error: PairlinkError) -> None:
         self.error = error
-        self.done.set()
+        self._wake()
         if self.scope is not None:
             self.scope.cancel()
+
+    def sent(self, error: PairlinkError | None) -> None:
+        """From the sender's line: the request went out, or never will (``error``)."""
+        self.line = None
+        if error is not None:
+            self.end(error)
 
 
 class CallPair(LinkOwner):
@@ -213,30 +255,43 @@ class CallPair(LinkOwner):
         It carries its message-id as its correlation-id too: a server may copy either, and the
         current trace (:mod:`framework.rpc.tracing`), if any, in a span of its own when
         OpenTelemetry is set up."""
+        call_id = self._new_id(message_id)
         tracer = self.tracer
-        traced = (
-            nullcontext(tracing.outgoing())
-            if tracer is None
-            else spans.client_span(tracer, self.address, operation)
-        )
-        with traced as headers:
-            call_id = self._new_id(message_id)
-            remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
-            message = wire.encode_request(
-                operation,
-                args,
-                kwargs,
-                message_id=call_id,
-                now=deadline.wall_time(),
-                timeout=remaining,
-                reply_to=self.reply_to,
-                encoding=encoding or self.conn.encoding,
-                headers=headers,
+        if tracer is None:  # the usual case: no span, so no context manager either
+            message = self._encode_call(
+                call_id, operation, args, kwargs, deadline_at, encoding, tracing.outgoing()
             )
             reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
-            wire.raise_for_outcome(outcome)
-            assert reply is not None  # accepted (or pre-settled), so it was answered
-            return wire.parse_reply(reply)
+            return _result(reply, outcome)
+        with spans.client_span(tracer, self.address, operation) as headers:
+            message = self._encode_call(
+                call_id, operation, args, kwargs, deadline_at, encoding, headers
+            )
+            reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
+            return _result(reply, outcome)
+
+    def _encode_call(
+        self,
+        call_id: Any,
+        operation: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deadline_at: float,
+        encoding: Encoding | None,
+        headers: dict[str, str] | None,
+    ) -> bytes:
+        remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
+        return wire.encode_request(
+            operation,
+            args,
+            kwargs,
+            message_id=call_id,
+            now=deadline.wall_time(),
+            timeout=remaining,
+            reply_to=self.reply_to,
+            encoding=encoding or self.conn.encoding,
+            headers=headers,
+        )
 
     async def request(
         self, message: Message, deadline_at: float, settled: bool, label: str
@@ -314,48 +369,44 @@ class CallPair(LinkOwner):
         Returns the reply and the request's outcome (None when it went pre-settled). A
         request settled with any outcome but ``accepted`` was not taken: no reply will come,
         so it returns at once with none."""
-        call = Call(deadline_at)
-        self.calls[call_id] = call
+        call = Call(deadline_at, payload)
+        calls = self.calls
+        alone = not calls  # one call at a time: its request is written through, not batched
+        calls[call_id] = call
         if alias is not None:
-            self.calls[alias] = call
+            calls[alias] = call
         presume, self.fresh = self.fresh, False
         outcome = None
         try:
-            if settled and self.sender.has_credit(presume):
-                await self._send_then_wait(call, payload, presume)
-            else:  # the request may wait for credit (or its outcome): under a cancel scope
+            if settled:  # the usual case: only the reply is waited for, under Timeouts
+                if not self.sender.send_or_queue(call, presume_credit=presume, through=alone):
+                    call.line = self.sender
+                if math.isinf(deadline_at):
+                    await call.wait()
+                else:
+                    timeouts = self.conn.client.timeouts
+                    timeouts.add(call)
+                    try:
+                        await call.wait()
+                    finally:
+                        timeouts.discard(call)
+            else:  # the request's outcome is awaited too: under a cancel scope
                 call.scope = trio.CancelScope(deadline=deadline_at)
                 with call.scope:
-                    delivery = await self.sender.send(
-                        payload, wait=not settled, presume_credit=presume
-                    )
+                    delivery = await self.sender.send(payload, presume_credit=presume)
                     outcome = delivery.remote_state
                     if outcome is None or isinstance(outcome, Accepted):
-                        await call.done.wait()
+                        await call.wait()
         finally:
-            self.calls.pop(call_id, None)
+            calls.pop(call_id, None)
             if alias is not None:
-                self.calls.pop(alias, None)
+                calls.pop(alias, None)
         if call.reply is not None or not (outcome is None or isinstance(outcome, Accepted)):
             return call.reply, outcome
         if call.error is not None:
             raise call.error
         self.log.debug("call.timeout", message_id=call_id, operation=label)
         raise TimeoutError(f"{self.address}.{label}: no reply within the deadline")
-
-    async def _send_then_wait(self, call: Call, message: bytes, presume: bool) -> None:
-        """The common case: the request leaves at once, pre-settled, so only the reply is
-        waited for, and ``Timeouts`` bounds that wait (no cancel scope to enter and leave)."""
-        await self.sender.send(message, wait=False, presume_credit=presume)  # no wait inside
-        if math.isinf(call.deadline):
-            await call.done.wait()
-            return
-        timeouts = self.conn.client.timeouts
-        timeouts.add(call)
-        try:
-            await call.done.wait()
-        finally:
-            timeouts.discard(call)
 
     # -- link events (LinkOwner) -----------------------------------------------------------
 
@@ -396,8 +447,7 @@ class CallPair(LinkOwner):
             self.conn.client.late_replies += 1
             self.log.debug("call.late_reply", correlation_id=correlation_id)
             return
-        call.reply = message
-        call.done.set()
+        call.answer(message)
 
     def lost(self, error: PairlinkError | None, *, detach_with: Error | None = None) -> None:
         """The pair is over (a half detached, the connection died, LP-5 failed): fail its
@@ -419,6 +469,13 @@ class CallPair(LinkOwner):
             end.attached.set()  # ends watch()
             if not amqp.closed.is_set():
                 end.detach(detach_with)
+
+
+def _result(reply: Message | None, outcome: Any) -> Any:
+    """A call's value: its reply's, once the request's outcome says it was taken."""
+    wire.raise_for_outcome(outcome)
+    assert reply is not None  # accepted (or pre-settled), so it was answered
+    return wire.parse_reply(reply)
 
 
 @attrs.define(eq=False)

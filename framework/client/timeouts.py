@@ -1,11 +1,12 @@
 """One task that times out many waiters, instead of a Trio cancel scope per waiter.
 
 A cancel scope with a deadline costs a call about a tenth of the client's CPU time (entering
-and leaving it registers and unregisters the deadline with the scheduler). A call whose request
-has left only waits for an event, so it needs no scope: it registers here, and the one task
-of ``Timeouts.run`` wakes it when its deadline passes. That task sleeps until the earliest
-deadline registered; with one timeout for every call, later calls never move that deadline
-earlier, so they cost a set insertion and removal and no wake-up.
+and leaving it registers and unregisters the deadline with the scheduler). A pre-settled call
+only waits for its reply (its request has left, or waits in the sender's line with no task),
+so it needs no scope: it registers here, and the one task of ``Timeouts.run`` wakes it when
+its deadline passes. That task sleeps until the earliest deadline registered; with one
+timeout for every call, later calls never move that deadline earlier, so they cost a set
+insertion and removal and no wake-up.
 """
 
 from __future__ import annotations

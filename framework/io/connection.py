@@ -321,8 +321,8 @@ class AmqpConnection:
         return held
 
     def _write_through(self) -> bool:
-        """One non-blocking write of what the engine queued, from the reader: no wake-up of
-        the writer (two task steps and a run-loop pass per sequential call). Plain TCP (POSIX),
+        """One non-blocking write of what the engine queued, from the reader (or a lone caller):
+        no writer wake-up (two task steps and a run-loop pass per sequential call). Plain TCP,
         writer idle, nothing queued before; False: the writer sends the rest, reports errors."""
         socket, engine = self._socket, self.engine
         idle = not (self._sending or self._unsent or self._backlogged or self._abandoned)
@@ -478,9 +478,8 @@ class AmqpConnection:
             self.on_attach(self, link)
         self.kick()
 
-    # A link's ``user_data`` is its end (LinkEvents) once an owner took it, else None.
-
     def _on_attached(self, event: LinkAttached) -> None:
+        """A link's ``user_data`` is its end (LinkEvents) once an owner took it, else None."""
         end: LinkEvents | None = event.link.user_data
         if end is not None:
             end.on_attached()
@@ -507,7 +506,8 @@ class AmqpConnection:
                 LinkDetachedError.from_amqp(event.error, f"link {event.link.name!r} detached")
             )
 
-    def _on_session_begun(self, event: SessionBegun) -> None:
+    def _on_session_begun(self, event: SessionBegun | SessionEnded) -> None:
+        """Wake ``wait_begun``: it reads from the session's state whether it began or ended."""
         waiter = self._session_waiters.pop(event.session, None)
         if waiter is not None:
             waiter.set()
@@ -515,9 +515,7 @@ class AmqpConnection:
     def _on_session_ended(self, event: SessionEnded) -> None:
         if event.session is self._session:
             self._session = None
-        waiter = self._session_waiters.pop(event.session, None)
-        if waiter is not None:
-            waiter.set()  # wait_begun sees the session's state and says it ended
+        self._on_session_begun(event)
 
     # -- acting on the engine (see the module docstring) -----------------------------------
 
@@ -559,10 +557,11 @@ class AmqpConnection:
         *,
         settled: bool | None = None,
         presume_credit: bool = False,
+        through: bool = False,
     ) -> Delivery:
-        """Send one message on ``link``. Raises ``MessageTooLargeError`` past the peer's
-        max-message-size, ``LinkDetachedError``/``ConnectionLostError`` when the link or the
-        connection cannot carry it."""
+        """Send one message on ``link`` (``through``: write it from here if the writer is idle
+        and not woken: a lone call). Raises ``MessageTooLargeError`` past the peer's max size,
+        ``LinkDetachedError``/``ConnectionLostError`` when the link or connection cannot."""
         self.raise_if_closed()
         try:
             delivery = self.engine.send(
@@ -576,7 +575,8 @@ class AmqpConnection:
             raise LinkDetachedError(
                 f"link {link.name!r} cannot send: {exc.description}", exc.condition
             ) from None
-        self.kick()
+        if not (through and not self._kicked and self._write_through()):
+            self.kick()
         return delivery
 
     def detach(self, link: Link, *, error: Error | None = None, closed: bool = True) -> None:

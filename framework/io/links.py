@@ -15,6 +15,7 @@ ready-made owners on them. Hooks run in the reader task: they must not block.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import deque
 from collections.abc import AsyncIterator
@@ -175,20 +176,31 @@ class _Ready(LinkOwner):
             self.watcher.link_attached(end)
 
 
+class Pending(Protocol):
+    """A pre-settled message waiting in a :class:`Sender`'s line instead of a task: it goes out
+    from the reader task when its turn and credit come (:meth:`Sender.send_or_queue`)."""
+
+    payload: bytes
+
+    def sent(self, error: PairlinkError | None) -> None:
+        """It went out (``error`` None), or ``error`` says why it never will."""
+
+
 class Sender(_Ready):
     """Sends on one link. Tasks waiting for credit queue in arrival order and each flow wakes
     only as many as it brings credit for: with many callers and a slow peer, a flow frame does
-    not wake every waiter to send all but one back to sleep."""
+    not wake every waiter to send all but one back to sleep. A pre-settled message may wait in
+    the same line with no task at all (:meth:`send_or_queue`)."""
 
     def __init__(self, watcher: LinkOwner | None = None) -> None:
         super().__init__(watcher)
         self._outcomes: dict[Delivery, trio.Event] = {}
-        self._turns: deque[trio.Event] = deque()
+        self._turns: deque[trio.Event | Pending] = deque()
         self._woken = 0  # waiters woken for credit that have not sent yet
 
     @property
     def waiting(self) -> int:
-        """Tasks waiting for credit, or woken for it and not sent yet."""
+        """Tasks and messages waiting for credit, or tasks woken for it and not sent yet."""
         return len(self._turns) + self._woken
 
     def has_credit(self, presume_credit: bool = False) -> bool:
@@ -220,9 +232,61 @@ class Sender(_Ready):
     def _hand_out(self) -> None:
         free = self.end.link.usable_credit - self._woken
         while free > 0 and self._turns:
-            self._turns.popleft().set()
-            self._woken += 1
-            free -= 1
+            turn = self._turns.popleft()
+            if isinstance(turn, trio.Event):
+                turn.set()
+                self._woken += 1
+                free -= 1
+            elif self._send_pending(turn):
+                free -= 1
+
+    def send_or_queue(
+        self, pending: Pending, *, presume_credit: bool = False, through: bool = False
+    ) -> bool:
+        """Send ``pending.payload`` (the link's settle mode: pre-settled) now if its credit is
+        there (True), else put it in line (False) and return at once: it goes out when its
+        turn comes, and ``pending.sent`` is told then. No task waits for credit, so a caller
+        that waits for an answer anyway waits once, not twice. Raises as ``send`` does when
+        it goes at once; ``withdraw`` takes it out of line.
+
+        ``through``: nothing else is likely to be sent soon (a caller with one call in flight),
+        so the connection writes it to the socket from here if its writer is idle, as its
+        reader writes answers: no wake-up of the writer task, whose two run-loop passes cost a
+        sequential call more than the write itself. Under load the writer is busy or already
+        woken, and the bytes of many callers still go out in one write."""
+        end = self.end
+        end.check_usable()
+        if not self.has_credit(presume_credit):
+            self._turns.append(pending)
+            return False
+        end.conn.send(end.link, pending.payload, presume_credit=presume_credit, through=through)
+        if end.link.drain:
+            self._answer_drain()
+        return True
+
+    def withdraw(self, pending: Pending) -> None:
+        """Take ``pending`` out of line (its caller gave up), if it is still in it."""
+        with contextlib.suppress(ValueError):
+            self._turns.remove(pending)
+
+    def _send_pending(self, pending: Pending) -> bool:
+        """Send a message whose turn came; False if it could not go (it took no credit)."""
+        end = self.end
+        try:
+            end.check_usable()
+            end.conn.send(end.link, pending.payload)
+        except PairlinkError as exc:
+            pending.sent(exc)
+            return False
+        pending.sent(None)
+        return True
+
+    def _ending_error(self) -> PairlinkError:
+        try:
+            self.end.check_usable()
+        except PairlinkError as exc:
+            return exc
+        return LinkDetachedError(f"link {self.end.link.name!r} is gone")
 
     async def send(
         self,
@@ -279,8 +343,12 @@ class Sender(_Ready):
 
     def link_ended(self, end: LinkEnd) -> None:
         while self._turns:
-            self._turns.popleft().set()
-            self._woken += 1
+            turn = self._turns.popleft()
+            if isinstance(turn, trio.Event):
+                turn.set()
+                self._woken += 1
+            else:
+                turn.sent(self._ending_error())
         for event in self._outcomes.values():
             event.set()
         if self.watcher is not None:

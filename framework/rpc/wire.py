@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,15 +27,18 @@ import attrs
 
 from framework.amqp import errors as conditions
 from framework.amqp.codec import encode, encode_into
+from framework.amqp.described import encode_message_id
 from framework.amqp.messaging import (
     Accepted,
     ApplicationProperties,
+    BodyKind,
     Header,
     Message,
     Properties,
     Rejected,
     encode_body,
 )
+from framework.amqp.scalars import encode_string
 from framework.amqp.types import Int, Symbol
 from framework.errors import RemoteError, RemoteTimeoutError
 from framework.rpc.payload import (
@@ -66,6 +70,7 @@ INTERNAL_ERROR = 500
 UNAVAILABLE = 503
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_ONE_MS = datetime.timedelta(milliseconds=1)
 
 CALL_ENVELOPE = Symbol("pairlink:call-envelope")
 """The connection capability a pairlink container (and a gateway, which carries calls to
@@ -141,27 +146,79 @@ def encode_request(
     headers: Mapping[str, str] | None = None,
 ) -> bytes:
     """The bytes of ``request_message(...)`` (same arguments), written without building the
-    message: what the client sends for every call, so its constant sections (the header of a
-    given ttl, the application-properties of an operation name) are encoded once each.
-    ``headers``: application-properties beside the operation (a trace context)."""
+    message: what the client sends for every call, so its constant parts (the header of a
+    given ttl, the application-properties of an operation name, the descriptor and the
+    null fields of the properties) are bytes encoded once each, and the message-id, encoded
+    once, is copied as the correlation-id. ``headers``: application-properties beside the
+    operation (a trace context)."""
     body, kind, content_type = encoded_body(arguments_value(args, kwargs, encoding), encoding)
-    properties = Properties(
-        message_id=message_id,
-        correlation_id=message_id,
-        reply_to=reply_to,
-        content_type=content_type,
-    )
     out = bytearray()
-    if timeout is not None:
-        ttl, properties.absolute_expiry_time = deadline_fields(now, timeout)
+    expiry_ms = 0
+    if timeout is not None:  # (in the order the message's encoding fails, if it fails)
+        ttl = max(1, int(timeout * 1000))
+        expiry_ms = _expiry_ms(now, timeout)
         out += _header_section(ttl)
-    encode_into(properties, out)
+    if message_id is None:  # (no caller sends none; the generic encoder drops trailing nulls)
+        properties = Properties(reply_to=reply_to, content_type=content_type)
+        if timeout is not None:
+            properties.absolute_expiry_time = deadline_fields(now, timeout)[1]
+        encode_into(properties, out)
+        return _request_rest(out, operation, headers, body, kind)
+    start = len(out)
+    out += _PROPERTIES_HEAD
+    encode_message_id(message_id, out)
+    mid = out[start + len(_PROPERTIES_HEAD) :]
+    out += b"\x40\x40\x40"  # user-id, to, subject
+    if reply_to is None:
+        out.append(0x40)
+    else:
+        encode_string(reply_to, out)
+    out += mid
+    if timeout is not None:  # content-type (or null), content-encoding, absolute-expiry-time
+        out += _CONTENT_TYPE_FIELD[encoding] or b"\x40"
+        out += _P_ONE_NULL_TIMESTAMP(0x40, 0x83, expiry_ms)
+        _finish_properties(out, start, 9)
+    elif content_type is not None:
+        out += _CONTENT_TYPE_FIELD[encoding]
+        _finish_properties(out, start, 7)
+    else:
+        _finish_properties(out, start, 6)
+    return _request_rest(out, operation, headers, body, kind)
+
+
+def _request_rest(
+    out: bytearray, operation: str, headers: Mapping[str, str] | None, body: Any, kind: BodyKind
+) -> bytes:
+    """A request's bytes: ``out`` (its header and properties), its application-properties
+    (the operation's, encoded once, unless there are ``headers`` beside it) and its body."""
     if headers:
         encode_into(ApplicationProperties({**headers, OPERATION: operation}), out)
     else:
         out += _operation_section(operation)
     encode_body(body, kind, out)
     return bytes(out)
+
+
+# The properties section as its generated encoder writes it (messaging.py's ``Properties``):
+# the described list's constructor, size and count patched in by ``_finish_properties``.
+_PROPERTIES_HEAD = b"\x00\x53\x73\xc0\x00\x00"
+_P_ONE_NULL_TIMESTAMP = struct.Struct(">BBq").pack
+_P_LIST32 = struct.Struct(">BII").pack
+_CONTENT_TYPE_FIELD = {
+    e: b"" if e is Encoding.AMQP_VALUE else encode(Symbol(e.value)) for e in Encoding
+}
+"""The content-type field of a body in each encoding (none for an amqp-value)."""
+
+
+def _finish_properties(out: bytearray, start: int, count: int) -> None:
+    """Patch the size and count of the properties list begun at ``start``, widened to a
+    list32 when it does not fit a list8, as the codec does."""
+    size = len(out) - start - 5
+    if size <= 0xFF:
+        out[start + 4] = size
+        out[start + 5] = count
+    else:
+        out[start + 3 : start + 6] = _P_LIST32(0xD0, size + 3, count)
 
 
 def _request_head(
@@ -178,6 +235,22 @@ def _request_head(
 def deadline_fields(now: float, timeout: float) -> tuple[int, datetime.datetime]:
     """A request's ``header.ttl`` and ``properties.absolute-expiry-time`` for ``timeout``."""
     return max(1, int(timeout * 1000)), _EPOCH + datetime.timedelta(seconds=now + timeout)
+
+
+def _expiry_ms(now: float, timeout: float) -> int:
+    """The absolute-expiry-time of ``deadline_fields`` in the milliseconds the timestamp
+    encoder writes for it, and the same ``OverflowError`` past the datetime range, without
+    building the datetime."""
+    seconds = now + timeout
+    since_epoch = datetime.timedelta(seconds=seconds)
+    # (the exact bounds only near them: years 1 and 9999 are ~6.2e10 s either side of 1970)
+    if not -6e10 < seconds < 2.5e11 and not _EARLIEST <= since_epoch <= _LATEST:
+        raise OverflowError("date value out of range")
+    return since_epoch // _ONE_MS
+
+
+_EARLIEST = datetime.datetime.min.replace(tzinfo=datetime.UTC) - _EPOCH
+_LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC) - _EPOCH
 
 
 @functools.lru_cache(maxsize=256)
@@ -197,7 +270,8 @@ def parse_request(message: Message, *, now: float) -> Request:
     operation = app.get(OPERATION, props.subject)
     if not isinstance(operation, str) or not operation:
         raise CallError(BAD_REQUEST, "the request names no operation")
-    operation = str(operation)  # a symbol, from some stacks
+    if type(operation) is not str:
+        operation = str(operation)  # a symbol, from some stacks
     try:
         value, encoding = decode_value(message)
         args, kwargs = split_arguments(value, encoding)
@@ -248,13 +322,30 @@ def encode_reply(
     request: Request, value: Any, *, to: str | None, extra: Mapping[str, Any] | None = None
 ) -> bytes:
     """The bytes of ``reply_message(request, value, to=to)``, written without building the
-    message: the service sends one for every call, and the status section of every success
-    is the same bytes, encoded once here. ``extra``: application-properties the handler
-    added (:func:`with_status`)."""
-    body, kind, content_type = encoded_body(value, reply_encoding(request.encoding))
-    properties = Properties(correlation_id=request.message_id, to=to, content_type=content_type)
+    message: the service sends one for every call, so the constant parts (the properties'
+    descriptor and null fields, the content-type, and the status section of every success)
+    are bytes encoded once here. ``extra``: application-properties the handler added
+    (:func:`with_status`)."""
+    encoding = reply_encoding(request.encoding)
+    body, kind, content_type = encoded_body(value, encoding)
+    correlation_id = request.message_id
     out = bytearray()
-    encode_into(properties, out)
+    if correlation_id is None:  # (the generic encoder drops the trailing nulls)
+        encode_into(Properties(to=to, content_type=content_type), out)
+    else:
+        out += _PROPERTIES_HEAD
+        out += b"\x40\x40"  # message-id, user-id
+        if to is None:
+            out.append(0x40)
+        else:
+            encode_string(to, out)
+        out += b"\x40\x40"  # subject, reply-to
+        encode_message_id(correlation_id, out)
+        if content_type is None:
+            _finish_properties(out, 0, 6)
+        else:
+            out += _CONTENT_TYPE_FIELD[encoding]
+            _finish_properties(out, 0, 7)
     if extra:
         encode_into(ApplicationProperties(with_status(extra, OK, "OK")), out)
     else:

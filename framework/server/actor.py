@@ -11,14 +11,14 @@ Calls are decoded and checked on arrival, in the connection's reader task: anyth
 answered without the handler (undecodable 400, unknown operation 404, arguments that do not
 bind 400, deadline passed 408, shutting down 503) is answered at once, so a bad call never
 waits behind good ones. Only calls that will run enter the queue; ``max_concurrency`` worker
-tasks take them, callers in turn. A worker awaits an ``async def`` handler and hands a plain
-``def`` to a thread of the actor's own pool (``max_concurrency`` threads: one service's blocked
-threads never hold back another's); an ``inline=True`` one runs where it is, and even in the
-reader task itself when it can start at once.
+tasks take them, callers in turn, while fewer than that run. A worker awaits an ``async def``
+handler; a plain ``def`` goes to a thread of the actor's own pool (:mod:`framework.server.
+threads`), answered from the event loop when it ends; an ``inline=True`` one runs where it is.
+Neither needs a task: the reader task itself starts them when they can start at once.
 
 Middleware (the server's, then the service's) runs in the worker task around the handler, for
-every kind; a service with middleware never takes the inline fast path, and one without pays
-nothing for it. A call whose request carries a trace (:mod:`framework.rpc.tracing`), or every
+every kind; a service with middleware never takes the fast paths, and one without pays nothing
+for it. A call whose request carries a trace (:mod:`framework.rpc.tracing`), or every
 call when OpenTelemetry is set up, runs in its span, finished with the reply's status.
 
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import attrs
+import outcome
 import trio
 
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, ProtocolError
@@ -73,6 +74,7 @@ from framework.server.context import CallContext, Middleware, handling, through
 from framework.server.dedup import DedupStore, Outcome
 from framework.server.mailbox import CreditedLink, Mailbox
 from framework.server.service import Hosted, Operation
+from framework.server.threads import Result, ThreadPool
 
 log = get_logger("pairlink.service")
 
@@ -168,7 +170,8 @@ class Actor:
         self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox)
         self.running = 0
         # its own pool, not trio's process-wide one (40): no service waits on another's threads
-        self._threads = trio.CapacityLimiter(spec.max_concurrency)
+        self._threads = ThreadPool(spec.max_concurrency, spec.address)
+        self._room = trio.lowlevel.ParkingLot()  # workers waiting for running < max_concurrency
         # one token per queued call: the mailbox says which call a worker takes
         self._send, self._recv = trio.open_memory_channel[None](math.inf)
         self.stopping = False  # no more credit; new arrivals get 503
@@ -285,14 +288,14 @@ class Actor:
                     return
                 call.key = request.message_id
             if (
-                operation.mode == "inline"
+                operation.mode != "async"
                 and not self.middleware  # middleware is async: it runs in a worker task
                 and self.mailbox.queued == 0
                 and self.running < self.max_concurrency
             ):
-                # it could start at once, and an inline handler holds the event loop wherever
-                # it runs: running it here saves the mailbox hop and a task switch per call
-                self._run_inline(call)
+                # it can start at once, and needs no task (an inline one holds the event loop
+                # wherever it runs): starting it here saves the mailbox hop and a task switch
+                self._start(call)
             else:
                 self.mailbox.enqueue(origin, call)
                 self._send.send_nowait(None)
@@ -460,6 +463,7 @@ class Actor:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The workers (``max_concurrency`` tasks taking calls in order) and the granter,
         until stopped."""
+        self._threads.bind()
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.mailbox.granter)
@@ -467,11 +471,19 @@ class Actor:
                     nursery.start_soon(self._worker)
                 task_status.started()
         finally:
+            with trio.CancelScope(shield=True):  # as a worker would, wait for running threads
+                await self._threads.drained()
+            self._threads.close()
             self.finished.set()
 
     async def _worker(self) -> None:
         async for _ in self._recv:
+            # the calls in threads hold no worker; aborting, a queued call is answered now
+            while self.running >= self.max_concurrency and not self.aborting:
+                await self._room.park()
             await self._execute(self.mailbox.dequeue())
+            if self._room and self.running < self.max_concurrency:
+                self._room.unpark()  # the room is still there: another worker may take it
 
     async def _execute(self, call: Call) -> None:
         request = call.request
@@ -491,8 +503,8 @@ class Actor:
             self._answer(call, UNAVAILABLE, "shutting down")
             return
         operation = call.operation
-        if operation.mode == "inline" and not self.middleware:
-            self._run_inline(call)
+        if operation.mode != "async" and not self.middleware:
+            self._start(call)
             return
         limit = math.inf
         if request.deadline is not None:
@@ -513,17 +525,20 @@ class Actor:
             self._failed(call, exc)
             return
         finally:
-            self.running -= 1
+            self._ended()
         if scope.cancelled_caught:
             self._answer(call, *self._cut_short())
         else:
             self._answer(call, OK, "OK", value)
 
-    def _run_inline(self, call: Call) -> None:
+    def _start(self, call: Call) -> None:
+        """Start a plain ``def``'s call (no middleware): inline, run now; else in a thread."""
         self.running += 1
+        if call.operation.mode == "thread":
+            self._threads.submit(self._serve, call, self._ran)
+            return
         try:
-            with deadline.serving(call.request.deadline), handling(call):
-                value = call.operation.function(self.instance, *call.args, **call.kwargs)
+            value = self._serve(call)
         except Exception as exc:
             self._failed(call, exc)
             return
@@ -531,7 +546,26 @@ class Actor:
             self.running -= 1
         self._answer(call, OK, "OK", value)
 
-    def _failed(self, call: Call, exc: Exception) -> None:
+    def _serve(self, call: Call) -> Any:
+        """The handler, under the call's deadline and context (in a pool thread, or inline)."""
+        with deadline.serving(call.request.deadline), handling(call):
+            return call.operation.function(self.instance, *call.args, **call.kwargs)
+
+    def _ran(self, call: Call, result: Result) -> None:
+        """A thread's call ended (nothing cuts a thread short): its outcome is the answer."""
+        self._ended()
+        if isinstance(result, outcome.Error):
+            self._failed(call, result.error)
+        else:
+            self._answer(call, OK, "OK", result.value)
+
+    def _ended(self) -> None:
+        """A running call ended: its room may let a waiting worker start the next."""
+        self.running -= 1
+        if self._room:
+            self._room.unpark()
+
+    def _failed(self, call: Call, exc: BaseException) -> None:
         """A handler raised. The caller learns what the service chose to tell: a
         ``CallError``'s status and words, or the type and message of a type it exposes (a
         500); anything else is undisclosed (:meth:`_undisclosed`)."""
@@ -547,7 +581,7 @@ class Actor:
         self._answer(call, INTERNAL_ERROR, description, error_type=error_type, ref=ref)
 
     def _undisclosed(
-        self, event: str, origin: Origin, request: Request, exc: Exception, detail: str
+        self, event: str, origin: Origin, request: Request, exc: BaseException, detail: str
     ) -> tuple[str, str | None, str]:
         """An unexpected failure, whose text may hold what must not leave the process (a
         password in a connection string, an internal host): log it with its traceback under a
@@ -586,7 +620,7 @@ class Actor:
         # a thread cannot be cancelled, so the scope cannot end it early either; the thread
         # runs in a copy of this task's context, so it sees the call's deadline
         job = functools.partial(operation.function, self.instance, *call.args, **call.kwargs)
-        return await trio.to_thread.run_sync(job, limiter=self._threads)
+        return await self._threads.run_sync(job)
 
     def _answer(
         self,
@@ -643,6 +677,7 @@ class Actor:
         """The grace period is over: cancel running calls (answered 503), and answer what is
         still queued with 503 without running it."""
         self.aborting = True
+        self._room.unpark_all()
         for scope in self._scopes:
             scope.cancel()
 

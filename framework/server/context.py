@@ -4,7 +4,8 @@ and the middleware that runs around handlers.
 The actor sets one ContextVar per call around the handler (:class:`handling`) holding the call
 itself; :func:`current_call` builds the :class:`CallContext` only when a handler asks, so calls
 whose handlers never look cost one ``set``/``reset`` and nothing more. A ``def`` handler run in
-a worker thread sees it too: ``trio.to_thread.run_sync`` runs it in a copy of the task's context.
+a worker thread sees it too: set there (in a copy of the actor's context), or, with middleware,
+in the copy of the worker task's context that the thread runs in.
 The call's trace (:mod:`framework.rpc.tracing`), when it has one, is made current with it.
 
 Middleware is what gRPC calls interceptors and Nameko dependency providers: an async callable

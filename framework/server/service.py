@@ -18,7 +18,7 @@ Three kinds of handler, chosen as FastAPI and Starlette users expect:
 
 * ``async def``: awaited in the actor's worker task, cancelled if the call's deadline passes
   while it runs (the caller has given up; the reply says 408);
-* plain ``def``: run in a worker thread (``trio.to_thread.run_sync``), so it may block on
+* plain ``def``: run in a thread of the service's own pool, so it may block on
   files, sockets, locks or C code without stalling the other services and the heartbeats of
   the process. At most ``max_concurrency`` threads per service. A thread cannot be
   interrupted: neither a deadline nor a shutdown's grace period stops it early;
