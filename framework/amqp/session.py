@@ -282,9 +282,7 @@ class Session:
             self._blocked.append((transfer, chunk))
             self.blocked_bytes += len(chunk)
             return
-        self.next_outgoing_id = (self.next_outgoing_id + 1) & SERIAL_MASK  # _write_transfer,
-        self.remote_incoming_window -= 1  # inlined: once per message
-        self.write(transfer, chunk)
+        self._write_transfer(transfer, chunk)
 
     def _write_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
         self.next_outgoing_id = (self.next_outgoing_id + 1) & SERIAL_MASK

@@ -155,7 +155,7 @@ def encode_request(
     out = bytearray()
     expiry_ms = 0
     if timeout is not None:  # (in the order the message's encoding fails, if it fails)
-        ttl = max(1, int(timeout * 1000))
+        ttl = _ttl_ms(timeout)
         expiry_ms = _expiry_ms(now, timeout)
         out += _header_section(ttl)
     if message_id is None:  # (no caller sends none; the generic encoder drops trailing nulls)
@@ -234,7 +234,12 @@ def _request_head(
 
 def deadline_fields(now: float, timeout: float) -> tuple[int, datetime.datetime]:
     """A request's ``header.ttl`` and ``properties.absolute-expiry-time`` for ``timeout``."""
-    return max(1, int(timeout * 1000)), _EPOCH + datetime.timedelta(seconds=now + timeout)
+    return _ttl_ms(timeout), _EPOCH + datetime.timedelta(seconds=now + timeout)
+
+
+def _ttl_ms(timeout: float) -> int:
+    """A timeout as the header's ttl: whole milliseconds, at least one."""
+    return max(1, int(timeout * 1000))
 
 
 def _expiry_ms(now: float, timeout: float) -> int:
