@@ -17,7 +17,7 @@ the event loop as soon as the request is read); the ``pairlink-async`` row calls
 written as an ``async def`` (run in a worker task), and has ratio lines of its own. A second
 section serves the same workload with each kind of
 handler of ``services/echo.py`` (``--kinds``): ``inline`` (``echo``), ``thread`` (``echo_thread``,
-a plain ``def``'s default: a worker thread per call) and ``async`` (``echo_async``), in
+a plain ``def``'s default: a thread of the service's pool) and ``async`` (``echo_async``), in
 ``--kind-rounds`` rounds of their own, and ends with what a thread and an ``async def`` cost
 against the inline fast path.
 
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         stack, handler = CONTESTANTS[name]
         return run_stack(stack, args, pin=args.pin, handler=handler)
 
-    results, failures = alternate(args.stacks, args.rounds, measure, report)
+    results, failures = alternate(args.stacks, args.rounds if args.stacks else 0, measure, report)
     if args.profile:
         # Pinned apart, neither side preempts the other on a wake-up: cProfile's wall clock
         # would otherwise charge the peer's run to the socket send that woke it.
@@ -582,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
                         "pairlink client",
                         args.profile_top,
                     )
-    print_table(results, args, time.monotonic() - started)
+    if args.stacks:
+        print_table(results, args, time.monotonic() - started)
     for ours in ("pairlink", "pairlink-async"):
         for other in ("proton", "grpc"):
             if ours in results:

@@ -69,6 +69,7 @@ class Channels:
         self.peer_channel_max: int | None = None  # from the peer's open
         self.dirty: set[LinkSession] = set()  # sessions with queued dispositions
         self.refill: set[Session] = set()  # sessions whose incoming window runs low
+        self.batch = 0  # counts the inputs whose events are reported together (Connection._read)
         self._config = config
         self._incoming = incoming
         self._write = write
@@ -229,7 +230,18 @@ class Channels:
         if session.wants_window_refill():
             self.refill.add(session)
         if done is not None:
+            link.reported_in = self.batch  # its later messages of this batch follow this one
             events.append(MessageReceived(link, done[0], done[1]))
+
+    def pass_through(self, channel: int, handle: int, delivery_id: int, payload: bytearray) -> bool:
+        """A whole pre-settled message in one frame: passed through by its link's ``forward``
+        (``Session.pass_through``), or False for ``on_transfer`` to judge the frame."""
+        session = self._remote_sessions.get(channel)
+        if session is None or not session.pass_through(handle, delivery_id, payload, self.batch):
+            return False
+        if session.wants_window_refill():
+            self.refill.add(session)
+        return True
 
     def on_disposition(self, channel: int, perf: Disposition, events: list[Event]) -> None:
         session = self._session(channel)

@@ -32,7 +32,7 @@ from .events import (
 )
 from .framing import AMQP_HEADER, FRAME_AMQP, HEARTBEAT, Frame, FrameReader, encode_frame
 from .handshake import Handshake, Phase
-from .link import UINT_MAX, Delivery, IncomingBytes, Link, LinkState
+from .link import UINT_MAX, Delivery, Forward, IncomingBytes, Link, LinkState
 from .liveness import Due, Liveness
 from .messaging import Error, Source, Target
 from .performatives import (
@@ -47,7 +47,7 @@ from .performatives import (
     Transfer,
 )
 from .session import Session, SessionState
-from .transfer_codec import encode_transfer_frame
+from .transfer_codec import encode_first_transfer, encode_transfer_frame
 from .types import Symbol
 
 __all__ = ["Connection", "ConnectionConfig"]  # (ConnectionConfig lives in config.py)
@@ -77,6 +77,7 @@ class Connection:
         self._liveness = Liveness(config.idle_timeout)
         self.next_deadline: float | None = None
         self.input_paused = False  # True after a LinkAttachRequested: answer, then resume
+        self._relaying = False  # a link of ours passes messages through (``pass_through``)
 
     # -- state the layers above read -------------------------------------------------------
 
@@ -379,6 +380,44 @@ class Connection:
             max_frame_size=self._peer_max_frame,
         )
 
+    def pass_through(self, link: Link, forward: Forward) -> None:
+        """As receiver: hand every whole pre-settled message of format 0 that comes in one
+        frame of the usual shape on ``link`` to ``forward`` (a relay, which sends it on with
+        ``Connection.forward``) as its frame is read: no ``Delivery``, no event, no decoding
+        of more than that frame's transfer. What ``forward`` declines, and every other
+        message, arrives as ``MessageReceived``. No message overtakes an earlier one of its
+        link; one passed through may go out ahead of what events of the same input cause
+        on other links (a flow)."""
+        link.forward = forward
+        self._relaying = True
+
+    def forward(self, link: Link, payload: bytes | bytearray | memoryview) -> bool:
+        """``send(link, payload, settled=True)`` for a relay's pass-through (``Link.forward``)
+        when the message goes out at once in one frame; False, and nothing done, for anything
+        less plain (``send`` then says what): the link not an attached sender with usable
+        credit, the message larger than the peer takes, its session's window closed, our
+        output held or closed."""
+        if (
+            link.role is not ROLE_SENDER
+            or link.state is not LinkState.ATTACHED
+            or link.usable_credit <= 0
+            or self._close_sent
+            or not self._amqp_out
+        ):
+            return False
+        size = len(payload)
+        limit = link.remote_max_message_size
+        if limit is not None and size > limit:
+            return False
+        session = link.session
+        delivery_id = session.forward(link, size, self._peer_max_frame)
+        if delivery_id is None:
+            return False
+        tag = link.next_tag()
+        channel, handle = session.channel, link.handle
+        encode_first_transfer(self._out, channel, handle, delivery_id, tag, 0, True, payload)
+        return True
+
     def settle(self, delivery: Delivery, state: Any = None, *, settled: bool = True) -> None:
         """Declare ``state`` for a delivery (and settle it); dispositions go out in ranges."""
         session = delivery.link.session
@@ -453,6 +492,7 @@ class Connection:
     def _read(self, events: list[Event]) -> None:
         """Turn the buffered input into events until it runs out or pauses again."""
         self.input_paused = False
+        self._channels.batch += 1  # what passes through must not overtake these events
         try:
             self._process(events)
             self._channels.write_refills()
@@ -465,9 +505,14 @@ class Connection:
         reader = self._reader
         handshake = self._handshake
         on_transfer = self._channels.on_transfer
+        pass_through = self._channels.pass_through
         while not self.input_paused:
             phase = handshake.phase
             if phase is Phase.FRAMES:
+                # a frame of links that pass messages through (only of attached links, so in
+                # an open connection: after a close, the phase is done and nothing is read)
+                if self._relaying and reader.pass_through(pass_through):
+                    continue
                 frame = reader.read_frame()
                 if frame is None:
                     return

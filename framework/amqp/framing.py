@@ -14,6 +14,7 @@ the payload ``memoryview`` stays valid after the read buffer moves on.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -26,6 +27,7 @@ from framework.amqp.transfer_codec import (
     TRANSFER_WEIGHT,
     decode_transfer,
     encode_transfer_frame,
+    settled_whole,
 )
 
 __all__ = [
@@ -146,6 +148,32 @@ class FrameReader:
             return None
         self._pos = pos + 8
         return bytes(self._buf[pos : pos + 8])
+
+    def pass_through(self, take: Callable[[int, int, int, bytearray], bool]) -> bool:
+        """Offer the next frame to ``take`` if it is all here and a transfer of a whole
+        pre-settled message in the usual shape (``settled_whole``): ``take(channel, handle,
+        delivery_id, payload)``. True: it took the frame, which is read. False: the frame is
+        still unread, for ``read_frame`` (which judges every other frame)."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < 8:
+            return False
+        size, doff, ftype, channel = _HEADER.unpack_from(buf, pos)
+        end = pos + size
+        if (
+            doff != 2
+            or ftype != FRAME_AMQP
+            or size > self.max_frame_size
+            or end > len(buf)
+            or self.max_elements < TRANSFER_WEIGHT
+            or not buf.startswith(TRANSFER_PREFIX, pos + 8, end)
+        ):
+            return False
+        found = settled_whole(buf, pos + 11, end)
+        if found is None or not take(channel, found[0], found[1], buf[found[2] : end]):
+            return False
+        self._pos = end
+        return True
 
     def read_frame(self) -> Frame | None:
         """The next complete frame, or None until more bytes arrive.

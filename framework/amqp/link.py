@@ -15,6 +15,7 @@ deliveries (``max_unsettled``, both directions).
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
@@ -92,9 +93,17 @@ class LinkSession(Protocol):
         max_frame_size: int,
     ) -> Delivery: ...
 
+    def forward(self, link: Link, size: int, max_frame_size: int) -> int | None: ...
+
     def settle(self, delivery: Delivery, state: Any, settled: bool) -> None: ...
 
     def flush_dispositions(self) -> None: ...
+
+
+Forward = Callable[[bytearray], bool]
+"""A relay's pass-through on a receiving link (``Link.forward``): it sends the payload of a
+whole pre-settled message on at once, or says False and does nothing (the message then arrives
+as usual). A message it took is never a ``Delivery`` or an event (``Session.pass_through``)."""
 
 
 class LinkError(Exception):
@@ -154,6 +163,8 @@ class Link:
     _partial_buf: bytearray = attrs.field(factory=bytearray)
     _next_tag: int = 0
     user_data: Any = None  # free for the layer above (a mailbox, a future...)
+    forward: Forward | None = None  # as receiver: a relay's pass-through (Session.pass_through)
+    reported_in: int | None = None  # the input batch in which a message was last reported
 
     @property
     def is_sender(self) -> bool:

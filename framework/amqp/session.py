@@ -19,6 +19,7 @@ import attrs
 from . import errors
 from .codec import encode
 from .link import (
+    MAX_DELIVERY_TAG,
     MAX_INCOMPLETE_BYTES,
     SERIAL_MASK,
     Delivery,
@@ -277,6 +278,22 @@ class Session:
             self._queue_transfer(Transfer(handle=link.handle, more=more), chunk)
         return delivery
 
+    def forward(self, link: Link, size: int, max_frame_size: int) -> int | None:
+        """Number a pre-settled delivery of ``size`` bytes on ``link`` whose one frame the
+        caller writes at once (a relay's pass-through, ``Connection.forward``): its
+        delivery-id; None, and nothing done, while our window is closed or frames wait, or
+        when it might not fit one frame with the longest tag."""
+        if self._blocked or self.remote_incoming_window <= 0:
+            return None
+        if size + MAX_DELIVERY_TAG + TRANSFER_BOUND > max_frame_size - FRAME_HEADER_SIZE:
+            return None
+        delivery_id = self.next_delivery_id
+        self.next_delivery_id = (delivery_id + 1) & SERIAL_MASK
+        self.next_outgoing_id = (self.next_outgoing_id + 1) & SERIAL_MASK
+        self.remote_incoming_window -= 1
+        link.consume_credit()
+        return delivery_id
+
     def _queue_transfer(self, transfer: Transfer, chunk: bytes | memoryview) -> None:
         if self._blocked or self.remote_incoming_window <= 0:
             self._blocked.append((transfer, chunk))
@@ -296,6 +313,39 @@ class Session:
             self._write_transfer(transfer, chunk)
 
     # -- incoming transfers ----------------------------------------------------------------
+
+    def pass_through(self, handle: int, delivery_id: int, payload: bytearray, batch: int) -> bool:
+        """A whole pre-settled message of format 0, in one frame on ``handle``: hand it to its
+        link's ``forward`` (a relay) and count it as ``on_transfer`` would, if it would take
+        the frame as it is (window, delivery-id, credit, size) and no message of the link was
+        reported in this ``batch`` of input (``Link.reported_in``: none overtakes another).
+        False: nothing was done, ``on_transfer`` is to judge the frame."""
+        link = self.remote_links.get(handle)
+        if link is None:
+            return False
+        forward = link.forward
+        expected = self.next_incoming_delivery
+        limit = link.max_message_size
+        if (
+            forward is None
+            or link.reported_in == batch
+            or self.incoming_window <= 0
+            or link.role is not ROLE_RECEIVER
+            or link.state is not LinkState.ATTACHED
+            or link.arriving is not None
+            or (expected is not None and delivery_id != expected)
+            or link.link_credit <= 0
+            or (limit and len(payload) > limit)
+            or not forward(payload)
+        ):
+            return False
+        self.incoming_window -= 1
+        if self.next_incoming_id is not None:
+            self.next_incoming_id = (self.next_incoming_id + 1) & SERIAL_MASK
+        self.next_incoming_delivery = (delivery_id + 1) & SERIAL_MASK
+        link.link_credit -= 1  # (as receive_transfer counts a delivery)
+        link.delivery_count = (link.delivery_count + 1) & SERIAL_MASK
+        return True
 
     def on_transfer(
         self, transfer: Transfer, payload: memoryview

@@ -20,7 +20,14 @@ from .link import MAX_DELIVERY_TAG
 from .performatives import Transfer
 from .scalars import UINT_SMALL, encode_uint
 
-__all__ = ["TRANSFER_PREFIX", "TRANSFER_WEIGHT", "decode_transfer", "encode_transfer_frame"]
+__all__ = [
+    "TRANSFER_PREFIX",
+    "TRANSFER_WEIGHT",
+    "decode_transfer",
+    "encode_first_transfer",
+    "encode_transfer_frame",
+    "settled_whole",
+]
 
 TRANSFER_PREFIX = b"\x00\x53\x14"
 """A transfer's descriptor as nearly every peer writes it: the small ulong 0x14."""
@@ -163,6 +170,42 @@ def decode_transfer(buf: Any, off: int, end: int) -> tuple[Transfer, int] | None
         return None
 
 
+def _uint_at(buf: Any, p: int) -> tuple[int, int]:
+    """The uint at ``p`` (uint0, smalluint or uint) and the offset past it; -1 for any other
+    encoding."""
+    c = buf[p]
+    if c == 0x52:
+        return buf[p + 1], p + 2
+    if c == 0x43:
+        return 0, p + 1
+    if c == 0x70:
+        return _U_I(buf, p + 1)[0], p + 5
+    return -1, p
+
+
+def settled_whole(buf: Any, off: int, end: int) -> tuple[int, int, int] | None:
+    """(handle, delivery-id, offset of the payload) of the transfer whose body starts at
+    ``off`` (just past ``TRANSFER_PREFIX``) in a frame ending at ``end``, if it carries a whole
+    pre-settled message of format 0 in the usual shape: a list8 of the five fields up to
+    settled, handle and delivery-id as uint0, smalluint or uint, a vbin8 tag of at most
+    ``MAX_DELIVERY_TAG`` bytes, then uint0 and true. None for anything else, which
+    ``decode_transfer`` and the session judge (a relay's pass-through takes only this)."""
+    try:
+        if buf[off] != 0xC0 or buf[off + 2] != 5:
+            return None
+        lend = off + 2 + buf[off + 1]
+        handle, p = _uint_at(buf, off + 3)
+        delivery_id, p = _uint_at(buf, p)
+        if handle < 0 or delivery_id < 0 or buf[p] != 0xA0 or buf[p + 1] > MAX_DELIVERY_TAG:
+            return None
+        p += 2 + buf[p + 1]
+        if p + 2 != lend or lend > end or buf[p] != 0x43 or buf[p + 1] != 0x41:
+            return None
+        return handle, delivery_id, lend
+    except (IndexError, struct.error):  # ran off the data: not this shape
+        return None
+
+
 def encode_transfer_frame(
     out: bytearray, channel: int, transfer: Transfer, payload: bytes | bytearray | memoryview
 ) -> None:
@@ -201,42 +244,68 @@ def encode_transfer_frame(
         and tag
         and delivery_id is not None
     ):
+        encode_first_transfer(out, channel, handle, delivery_id, tag, message_format, settled,
+                              payload)  # fmt: skip
+        return
+    # the rest: the last field written is the last one not null (``more`` false is null)
+    if transfer.more:
+        n = 6
+    elif settled is not None:
         n = 5
-        body = b"".join(
-            (UINT_SMALL[handle] if 0 <= handle <= 255 else _uint(handle), _uint(delivery_id),
-             _VBIN8[len(tag)], tag, b"\x43" if message_format == 0 else _uint(message_format),
-             b"\x41" if settled else b"\x42")
-        )  # fmt: skip
-    else:  # the last field written is the last one not null (``more`` false is null)
-        if transfer.more:
-            n = 6
-        elif settled is not None:
-            n = 5
-        elif message_format is not None:
-            n = 4
-        elif tag is not None:
-            n = 3
-        elif delivery_id is not None:
-            n = 2
-        else:
-            n = 1
-        parts = [_uint(handle)]
-        if n > 1:
-            parts.append(b"\x40" if delivery_id is None else _uint(delivery_id))
-        if n > 2:
-            parts += (b"\x40",) if tag is None else (_VBIN8[len(tag)], tag)
-        if n > 3:
-            parts.append(b"\x40" if message_format is None else _uint(message_format))
-        if n > 4:
-            parts.append(b"\x40" if settled is None else b"\x41" if settled else b"\x42")
-        if n > 5:
-            parts.append(b"\x41")
-        body = b"".join(parts)
+    elif message_format is not None:
+        n = 4
+    elif tag is not None:
+        n = 3
+    elif delivery_id is not None:
+        n = 2
+    else:
+        n = 1
+    parts = [_uint(handle)]
+    if n > 1:
+        parts.append(b"\x40" if delivery_id is None else _uint(delivery_id))
+    if n > 2:
+        parts += (b"\x40",) if tag is None else (_VBIN8[len(tag)], tag)
+    if n > 3:
+        parts.append(b"\x40" if message_format is None else _uint(message_format))
+    if n > 4:
+        parts.append(b"\x40" if settled is None else b"\x41" if settled else b"\x42")
+    if n > 5:
+        parts.append(b"\x41")
+    _put_list8(out, channel, b"".join(parts), n, payload)
+
+
+def encode_first_transfer(
+    out: bytearray,
+    channel: int,
+    handle: int,
+    delivery_id: int,
+    tag: bytes,
+    message_format: int,
+    settled: bool,
+    payload: bytes | bytearray | memoryview,
+) -> None:
+    """Append a delivery's first frame with every field up to settled (``more`` false, a
+    non-empty ``tag`` of at most ``MAX_DELIVERY_TAG`` bytes), as ``encode_transfer_frame``
+    writes the transfer of those fields: how nearly every message goes out, written with no
+    ``Transfer`` to build (a relay's pass-through, ``Connection.forward``)."""
+    body = b"".join(
+        (UINT_SMALL[handle] if 0 <= handle <= 255 else _uint(handle), _uint(delivery_id),
+         _VBIN8[len(tag)], tag, b"\x43" if message_format == 0 else _uint(message_format),
+         b"\x41" if settled else b"\x42")
+    )  # fmt: skip
+    _put_list8(out, channel, body, 5, payload)
+
+
+def _put_list8(
+    out: bytearray, channel: int, body: bytes, n: int, payload: bytes | bytearray | memoryview
+) -> None:
+    """Append a transfer frame whose performative is the list8 of ``n`` encoded fields ``body``
+    (52 bytes at most), and its payload."""
     # frame header 8, descriptor 3, list8 header 3; a memoryview's length may count items
     size = 14 + len(body) + (payload.nbytes if type(payload) is memoryview else len(payload))
     if size > _UINT_MAX:
         raise ValueError("frame larger than 4 GiB")
-    out += _P_HEAD(size, 2, 0, channel, _LIST8_HEAD, len(body) + 1, n)  # body: 52 bytes at most
+    out += _P_HEAD(size, 2, 0, channel, _LIST8_HEAD, len(body) + 1, n)
     out += body
     out += payload
 

@@ -66,6 +66,9 @@ class Call:
     payload: bytes = b""
     scope: trio.CancelScope | None = None
     reply: Message | None = None
+    value: Any = None  # the reply's value, read without the message (``valued``)
+    valued: bool = False  # answered by ``wire.read_reply``: a call() that wants the value only
+    quick: bool = False  # a call() (not a request()): its reply may be read that way
     error: PairlinkError | None = None
     line: Sender | None = None  # the sender whose line it waits in, not sent yet
     over: bool = False  # answered, failed or expired: its caller is woken (or need not wait)
@@ -99,6 +102,10 @@ class Call:
 
     def answer(self, reply: Message) -> None:
         self.reply = reply
+        self._wake()
+
+    def answer_value(self, value: Any) -> None:
+        self.value, self.valued = value, True
         self._wake()
 
     def expire(self) -> None:
@@ -261,14 +268,16 @@ class CallPair(LinkOwner):
             message = self._encode_call(
                 call_id, operation, args, kwargs, deadline_at, encoding, tracing.outgoing()
             )
-            reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
-            return _result(reply, outcome)
+            return _result(
+                *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
+            )
         with spans.client_span(tracer, self.address, operation) as headers:
             message = self._encode_call(
                 call_id, operation, args, kwargs, deadline_at, encoding, headers
             )
-            reply, outcome = await self.exchange(call_id, message, deadline_at, settled, operation)
-            return _result(reply, outcome)
+            return _result(
+                *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
+            )
 
     def _encode_call(
         self,
@@ -343,8 +352,8 @@ class CallPair(LinkOwner):
                 deadline.wall_time(), remaining
             )
         payload = attrs.evolve(message, header=header, properties=props).encode()
-        reply, outcome = await self.exchange(call_id, payload, deadline_at, settled, label, alias)
-        return Reply(reply, outcome)
+        call, outcome = await self.exchange(call_id, payload, deadline_at, settled, label, alias)
+        return Reply(call.reply, outcome)
 
     def _new_id(self, chosen: Any) -> Any:
         """A request's message-id: the caller's, else the client's counter."""
@@ -362,14 +371,17 @@ class CallPair(LinkOwner):
         settled: bool,
         label: str,
         alias: Any = None,
-    ) -> tuple[Message | None, Any]:
+        *,
+        quick: bool = False,
+    ) -> tuple[Call, Any]:
         """Send one request and wait until ``deadline_at`` (Trio clock) for the reply whose
         correlation-id is ``call_id`` (or ``alias``, the request's own correlation-id).
 
-        Returns the reply and the request's outcome (None when it went pre-settled). A
-        request settled with any outcome but ``accepted`` was not taken: no reply will come,
-        so it returns at once with none."""
-        call = Call(deadline_at, payload)
+        Returns the answered call (its ``reply``, or for a ``quick`` one maybe only its
+        ``value``) and the request's outcome (None when it went pre-settled). A request
+        settled with any outcome but ``accepted`` was not taken: no reply will come, so it
+        returns at once with none."""
+        call = Call(deadline_at, payload, quick=quick)
         calls = self.calls
         alone = not calls  # one call at a time: its request is written through, not batched
         calls[call_id] = call
@@ -401,8 +413,12 @@ class CallPair(LinkOwner):
             calls.pop(call_id, None)
             if alias is not None:
                 calls.pop(alias, None)
-        if call.reply is not None or not (outcome is None or isinstance(outcome, Accepted)):
-            return call.reply, outcome
+        if (
+            call.reply is not None
+            or call.valued
+            or not (outcome is None or isinstance(outcome, Accepted))
+        ):
+            return call, outcome
         if call.error is not None:
             raise call.error
         self.log.debug("call.timeout", message_id=call_id, operation=label)
@@ -415,19 +431,34 @@ class CallPair(LinkOwner):
             self.granted = True
 
     def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
+        quick = wire.read_reply(payload) if self.verified else None
+        if quick is not None and self._answer_quick(*quick):
+            outcome: Accepted | Rejected = Accepted()
+        else:
+            outcome = self._read_reply(payload)
+        end.conn.settle(delivery, outcome)  # when the service asked for our receipt
+        if end.link.link_credit <= self.reply_credit // 2:
+            end.conn.flow(end.link, self.reply_credit)
+
+    def _answer_quick(self, correlation_id: Any, value: Any) -> bool:
+        """The usual reply, read by ``wire.read_reply``: answer its call with the value, if it
+        is a call() whose caller still waits; False leaves it to the general path."""
+        call = self.calls.get(correlation_id)
+        if call is None or not call.quick or trio.current_time() >= call.deadline:
+            return False
+        del self.calls[correlation_id]
+        call.answer_value(value)
+        return True
+
+    def _read_reply(self, payload: bytes) -> Accepted | Rejected:
+        """Any reply, through the whole message: its outcome, for the service."""
         try:
             message = Message.decode(payload)
         except DecodeError as exc:  # no correlation-id to read: its caller will time out
             self.log.warning("call.undecodable_reply", error=str(exc))
-            outcome: Accepted | Rejected = Rejected(
-                error=Error(condition=conditions.DECODE_ERROR, description=str(exc))
-            )
-        else:
-            self.on_reply(message)
-            outcome = Accepted()
-        end.conn.settle(delivery, outcome)  # when the service asked for our receipt
-        if end.link.link_credit <= self.reply_credit // 2:
-            end.conn.flow(end.link, self.reply_credit)
+            return Rejected(error=Error(condition=conditions.DECODE_ERROR, description=str(exc)))
+        self.on_reply(message)
+        return Accepted()
 
     def link_ended(self, end: LinkEnd) -> None:
         self.lost(end.detached)
@@ -471,11 +502,13 @@ class CallPair(LinkOwner):
                 end.detach(detach_with)
 
 
-def _result(reply: Message | None, outcome: Any) -> Any:
+def _result(call: Call, outcome: Any) -> Any:
     """A call's value: its reply's, once the request's outcome says it was taken."""
     wire.raise_for_outcome(outcome)
-    assert reply is not None  # accepted (or pre-settled), so it was answered
-    return wire.parse_reply(reply)
+    if call.valued:
+        return call.value
+    assert call.reply is not None  # accepted (or pre-settled), so it was answered
+    return wire.parse_reply(call.reply)
 
 
 @attrs.define(eq=False)

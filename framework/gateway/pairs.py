@@ -293,7 +293,9 @@ class PairRelay:
             if self.failure is None:
                 self.ready = True
                 self.requests.outbound = self.upstream.sender
-                self.replies.inbound = self.upstream.receiver
+                receiver = self.replies.inbound = self.upstream.receiver
+                assert receiver is not None  # (an upstream pair without failure has both)
+                receiver.conn.engine.pass_through(receiver.link, self.replies.pass_on)
             else:
                 self._log.info("relay.refused", condition=self.failure.condition)
             self._answer()
@@ -318,6 +320,7 @@ class PairRelay:
                     rcv_settle_mode=RCV_FIRST,
                 )
                 self.requests.inbound = LinkEnd(conn, link, self)
+                conn.engine.pass_through(link, self.requests.pass_on)
                 self.requests.mirror_credit()
             else:
                 upstream = self.replies.inbound

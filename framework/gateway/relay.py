@@ -7,7 +7,9 @@ A :class:`Hop` joins a link we receive on (``inbound``) to a link we send on (``
   slow service slows its callers through any number of gateways and a gateway holds at most
   what it granted (messages only wait when the next hop took credit back);
 * bytes: a message is forwarded as it came; only its header changes, when it waited here long
-  enough (≥ 1 ms) to cut its ``ttl`` (the bare message is immutable, Part 3 §3.2);
+  enough (≥ 1 ms) to cut its ``ttl`` (the bare message is immutable, Part 3 §3.2). One that
+  need not wait, pre-settled and in one frame, passes straight through (``pass_on``): its
+  transfer alone is read, and no delivery or event is made of it;
 * outcomes: an unsettled message is settled on ``inbound`` with the outcome ``outbound``'s
   receiver gave it, never before, so nothing is acknowledged early;
 * endings: when ``outbound`` goes, what it still owed is released (never forwarded) or
@@ -87,6 +89,22 @@ class Hop:
             self.waiting.append(_Waiting(delivery, payload, trio.current_time()))
             return
         self._forward(delivery, payload, 0.0)
+
+    def pass_on(self, payload: bytearray) -> bool:
+        """``inbound``'s ``Link.forward``: a plain pre-settled message goes on to ``outbound``
+        as it came, from the engine that read it, with no delivery or event
+        (``Connection.pass_through``); False (it then ``arrive``s as usual) while anything
+        waits here or when ``outbound`` cannot send it at once."""
+        out = self.outbound
+        if (
+            self.waiting
+            or out is None
+            or out.ended
+            or not out.conn.engine.forward(out.link, payload)
+        ):
+            return False
+        out.conn.kick()
+        return True
 
     def pump(self) -> None:
         """Forward what waits, as far as ``outbound``'s credit goes."""

@@ -22,8 +22,9 @@ import itertools
 import math
 import os
 import ssl
+import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -56,7 +57,10 @@ from framework.errors import (
     MessageTooLargeError,
     new_ref,
 )
+from framework.io import link_events
+from framework.io.link_events import LinkEvents
 from framework.io.logs import get_logger
+from framework.io.plain_socket import receive, write_nowait
 
 log = get_logger("pairlink.transport")
 
@@ -82,20 +86,20 @@ _NETWORK_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLEr
 _conn_ids = itertools.count(1)
 
 
+class _AfterInput(threading.local):
+    """The connections kicked while an input is dispatched (per thread: a blocking client runs
+    its own Trio loop): each is written through once the input is done, in one non-blocking
+    write, not by waking its writer (for a gateway, a task step and a send per read saved)."""
+
+    kicked: list[AmqpConnection] | None = None
+
+
+_after_input = _AfterInput()
+
+
 OnAttach = Callable[["AmqpConnection", Link], None]
 """Called for each link the peer opens; must answer it (``framework.io.links.accept``) or
 ``refuse`` it."""
-
-
-class LinkEvents(Protocol):
-    """What the connection tells the end of one of its links (``link.user_data``): the
-    link API's :class:`framework.io.links.LinkEnd`, which passes them to the link's owner."""
-
-    def on_attached(self) -> None: ...
-    def on_flow(self) -> None: ...
-    def on_message(self, delivery: Delivery, payload: bytes) -> None: ...
-    def on_update(self, delivery: Delivery) -> None: ...
-    def on_ended(self, detached: LinkDetachedError | None = None) -> None: ...
 
 
 class AmqpConnection:
@@ -134,7 +138,7 @@ class AmqpConnection:
         self._sending = 0  # bytes handed to the socket whose send has not returned yet
         self._unsent = b""  # the rest of a write-through the socket did not take: next out
         tcp = stream if isinstance(stream, trio.SocketStream) and os.name == "posix" else None
-        self._socket = None if tcp is None else tcp.socket  # for _write_through (os.write)
+        self._socket = None if tcp is None else tcp.socket  # read and written directly too
         self._backlogged = False  # the peer is behind on reading: new credit is held back
         self._drained = trio.Event()  # set when a backlog has gone
         self._deferred_flows: dict[Link, int] = {}  # credit increases held back meanwhile
@@ -149,10 +153,15 @@ class AmqpConnection:
 
     def kick(self) -> None:
         """Wake the writer: whatever the engine queued goes out in its next send. Called
-        several times per call; once a wake-up is pending, it carries these bytes too."""
+        several times per call; once a wake-up is pending, it carries these bytes too. While
+        an input is dispatched, plain TCP connections are written through after it instead."""
         if self._kicked:
             return
         self._kicked = True
+        after = _after_input.kicked
+        if after is not None and self._socket is not None:
+            after.append(self)
+            return
         self._kick_send.send_nowait(None)  # never full: the writer took the last one
 
     async def wait_opened(self) -> None:
@@ -223,11 +232,14 @@ class AmqpConnection:
         """Read until the peer's EOF, even after the engine is done: draining what the peer
         still sends lets our close end in a FIN, not a reset that could destroy our last
         frames (a SASL outcome, a close) before the peer reads them."""
-        engine = self.engine
+        engine, sock = self.engine, self._socket
         try:
             while True:
                 try:
-                    data = await self.stream.receive_some(READ_SIZE)
+                    if sock is None:
+                        data = await self.stream.receive_some(READ_SIZE)
+                    else:  # plain TCP: wait, then read (framework.io.plain_socket)
+                        data = await receive(sock, READ_SIZE)
                 except _NETWORK_ERRORS as exc:
                     self._dispatch(engine.connection_lost(), lost=f"read failed: {exc!r}")
                     return
@@ -236,7 +248,10 @@ class AmqpConnection:
                     return
                 if self._abandoned:
                     continue  # read on to the peer's EOF, feeding nothing
-                await self._feed_sliced(data)
+                if len(data) > FEED_SLICE:
+                    await self._feed_sliced(data)
+                elif self._feed(data, through=True):
+                    await self._resume_held()
                 if self._waiting_bytes() > self.max_outgoing_bytes:
                     await self._stop_reading()
         finally:
@@ -272,13 +287,9 @@ class AmqpConnection:
             self.flow(link, link.link_credit + more)
 
     async def _feed_sliced(self, data: bytes | bytearray) -> None:
-        """Feed a read in ``FEED_SLICE`` pieces, letting the writer send what each piece's
-        calls produced before the next is decoded (a large message's bytes alone yield
-        nothing to send, so they cost no extra task switch)."""
-        if len(data) <= FEED_SLICE:
-            if self._feed(data, through=True):
-                await self._resume_held()
-            return
+        """Feed a read larger than ``FEED_SLICE`` in pieces of that size, letting the writer
+        send what each piece's calls produced before the next is decoded (a large message's
+        bytes alone yield nothing to send, so they cost no extra task switch)."""
         view = memoryview(data)
         for start in range(0, len(view), FEED_SLICE):
             if start and self.engine.has_output:
@@ -299,11 +310,10 @@ class AmqpConnection:
         through = through and self._socket is not None and not self._kicked
         self._kicked |= through  # the kicks of this input wait: its answer may go out from here
         held = False
+        now = trio.current_time()  # dates the input (the idle timeout counts from it), the answer
+        outer, _after_input.kicked = _after_input.kicked, []
         try:
-            if data is None:
-                events = engine.resume_input()
-            else:  # the time dates the input: the idle timeout counts from it
-                events = engine.receive_data(data, trio.current_time())
+            events = engine.resume_input() if data is None else engine.receive_data(data, now)
             while True:
                 self._dispatch(events)
                 if not engine.input_paused or self._abandoned:
@@ -314,13 +324,19 @@ class AmqpConnection:
                 events = engine.resume_input()
         except Exception as exc:  # the engine's own bug: this connection alone pays for it
             self._abandon(exc)
+        finally:
+            kicked, _after_input.kicked = _after_input.kicked, outer
+        for other in kicked:  # connections this input gave bytes to (a gateway relaying)
+            other._kicked = False
+            if not other._write_through(now):
+                other.kick()
         self._kicked &= not through  # the kicks held above: the answer goes out here, or kick
-        if through and not held and self._write_through():
-            return False
+        if through and not held and (not engine.has_output or self._write_through(now)):
+            return False  # answered here (or nothing to answer: a reply read by a client)
         self.kick()
         return held
 
-    def _write_through(self) -> bool:
+    def _write_through(self, now: float | None = None) -> bool:
         """One non-blocking write of what the engine queued, from the reader (or a lone caller):
         no writer wake-up (two task steps and a run-loop pass per sequential call). Plain TCP,
         writer idle, nothing queued before; False: the writer sends the rest, reports errors."""
@@ -328,11 +344,8 @@ class AmqpConnection:
         idle = not (self._sending or self._unsent or self._backlogged or self._abandoned)
         if socket is None or not idle or engine.transport_done or self.closed.is_set():
             return False
-        data = engine.data_to_send(trio.current_time())
-        try:
-            sent = os.write(socket.fileno(), data) if data else 0  # closed: fileno -1, EBADF
-        except OSError:  # full (BlockingIOError) or broken: the writer's send_all says which
-            sent = 0
+        data = engine.data_to_send(trio.current_time() if now is None else now)
+        sent = write_nowait(socket, data) if data else 0
         self._unsent = data[sent:]
         return not self._unsent
 
@@ -477,34 +490,6 @@ class AmqpConnection:
         else:
             self.on_attach(self, link)
         self.kick()
-
-    def _on_attached(self, event: LinkAttached) -> None:
-        """A link's ``user_data`` is its end (LinkEvents) once an owner took it, else None."""
-        end: LinkEvents | None = event.link.user_data
-        if end is not None:
-            end.on_attached()
-
-    def _on_flow(self, event: LinkFlow) -> None:
-        end: LinkEvents | None = event.link.user_data
-        if end is not None:
-            end.on_flow()
-
-    def _on_message(self, event: MessageReceived) -> None:
-        end: LinkEvents | None = event.link.user_data
-        if end is not None:
-            end.on_message(event.delivery, event.payload)
-
-    def _on_update(self, event: DeliveryUpdated) -> None:
-        end: LinkEvents | None = event.link.user_data
-        if end is not None:
-            end.on_update(event.delivery)
-
-    def _on_detached(self, event: LinkDetached) -> None:
-        end: LinkEvents | None = event.link.user_data
-        if end is not None:
-            end.on_ended(
-                LinkDetachedError.from_amqp(event.error, f"link {event.link.name!r} detached")
-            )
 
     def _on_session_begun(self, event: SessionBegun | SessionEnded) -> None:
         """Wake ``wait_begun``: it reads from the session's state whether it began or ended."""
@@ -689,11 +674,11 @@ _HANDLERS: dict[type, Callable[[AmqpConnection, Any], None]] = {
     ProtocolViolation: AmqpConnection._on_violation,
     TransportFailed: AmqpConnection._on_transport_failed,
     LinkAttachRequested: AmqpConnection._on_attach_requested,
-    LinkAttached: AmqpConnection._on_attached,
-    LinkFlow: AmqpConnection._on_flow,
-    MessageReceived: AmqpConnection._on_message,
-    DeliveryUpdated: AmqpConnection._on_update,
-    LinkDetached: AmqpConnection._on_detached,
+    LinkAttached: link_events.attached,
+    LinkFlow: link_events.flowed,
+    MessageReceived: link_events.received,
+    DeliveryUpdated: link_events.updated,
+    LinkDetached: link_events.detached,
     SessionBegun: AmqpConnection._on_session_begun,
     SessionEnded: AmqpConnection._on_session_ended,
 }

@@ -102,7 +102,7 @@ class LinkEnd:
             return None
         return Error(condition=source.condition, description=source.description)
 
-    # -- called by the connection (framework.io.connection.LinkEvents) ---------------------
+    # -- called by the connection (framework.io.link_events.LinkEvents) ---------------------
 
     def on_attached(self) -> None:
         self.attached.set()

@@ -63,7 +63,7 @@ def _too_many(max_elements: int) -> PayloadError:
     return PayloadError(f"body holds more than {max_elements} values")
 
 
-def _msgpack_loads(data: bytes, max_elements: int) -> Any:
+def msgpack_loads(data: bytes, max_elements: int) -> Any:
     """Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
     more: it decodes as is. A longer one counts the items of each array and map as they are
     built (each container no larger than the bound, so none is built past it)."""
@@ -142,7 +142,7 @@ def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[An
         return plain(message.body), encoding
     data = _data_bytes(message)
     if encoding in (Encoding.MSGPACK, Encoding.ENVELOPE):
-        return _msgpack_loads(data, max_elements), encoding
+        return msgpack_loads(data, max_elements), encoding
     if encoding is Encoding.JSON:
         return _json_loads(data, max_elements), encoding
     return data, encoding

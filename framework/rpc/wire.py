@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 
 from framework.amqp import errors as conditions
-from framework.amqp.codec import encode, encode_into
+from framework.amqp.codec import MAX_ELEMENTS, encode, encode_into
 from framework.amqp.described import encode_message_id
 from framework.amqp.messaging import (
     Accepted,
@@ -47,6 +47,7 @@ from framework.rpc.payload import (
     arguments_value,
     decode_value,
     encoded_body,
+    msgpack_loads,
     plain,
     reply_encoding,
     set_body,
@@ -357,6 +358,70 @@ def encode_reply(
         out += _OK_STATUS
     encode_body(body, kind, out)
     return bytes(out)
+
+
+_MSGPACK_OK_TAIL = _CONTENT_TYPE_FIELD[Encoding.MSGPACK] + _OK_STATUS + b"\x00\x53\x75"
+"""What follows the correlation-id in a successful msgpack reply as ``encode_reply`` writes it:
+the content-type (the last property), the status section, the data section's descriptor."""
+_ME_FIELD = b"\xa1\x03" + ME.encode()
+_U_Q = struct.Struct(">Q").unpack_from
+_U_I = struct.Struct(">I").unpack_from
+
+
+def read_reply(payload: bytes) -> tuple[Any, Any] | None:
+    """``(correlation-id, value)`` of a successful msgpack reply laid out byte for byte as
+    :func:`encode_reply` writes it (a pairlink service's answer to our envelope), read
+    without building the message; None for any other reply, which the general path
+    (``Message.decode``, :func:`parse_reply`) reads, or refuses, as ever. What this returns
+    is what the general path returns for the same bytes (a ulong id as a plain ``int``): a
+    client reads every call's reply, and the message it never looks at was most of that."""
+    try:
+        if not payload.startswith(b"\x00\x53\x73\xc0") or payload[5] != 7:
+            return None
+        end = 5 + payload[4]  # of the properties (7 fields: the content-type is the last)
+        if payload[8] == 0x40:  # to: none, or "$me" on a pair
+            pos = 9
+        elif payload.startswith(_ME_FIELD, 8):
+            pos = 13
+        else:
+            return None
+        if not (payload.startswith(b"\x40\x40", 6) and payload.startswith(b"\x40\x40", pos)):
+            return None  # message-id, user-id; subject, reply-to
+        code = payload[pos + 2]
+        correlation_id: Any
+        if code == 0x53:  # a ulong (small, full, zero) or a str8: what encode_message_id writes
+            correlation_id = payload[pos + 3]
+            pos += 4
+        elif code == 0x80:
+            correlation_id = _U_Q(payload, pos + 3)[0]
+            pos += 11
+        elif code == 0x44:
+            correlation_id = 0
+            pos += 3
+        elif code == 0xA1:
+            start = pos + 4
+            pos = start + payload[pos + 3]
+            correlation_id = str(payload[start:pos], "utf-8")
+        else:
+            return None
+        tail = pos + len(_MSGPACK_OK_TAIL)
+        if pos + len(_CONTENT_TYPE_FIELD[Encoding.MSGPACK]) != end or not payload.startswith(
+            _MSGPACK_OK_TAIL, pos
+        ):
+            return None
+        if payload[tail] == 0xA0:
+            start = tail + 2
+            size = payload[tail + 1]
+        elif payload[tail] == 0xB0:
+            start = tail + 5
+            size = _U_I(payload, tail + 1)[0]
+        else:
+            return None
+        if start + size != len(payload):
+            return None
+        return correlation_id, msgpack_loads(payload[start:], MAX_ELEMENTS)
+    except (IndexError, struct.error, UnicodeDecodeError, PayloadError):
+        return None
 
 
 def error_message(

@@ -10,11 +10,13 @@ callers (per connection, then per link), and taken back, is :mod:`framework.serv
 Calls are decoded and checked on arrival, in the connection's reader task: anything that can be
 answered without the handler (undecodable 400, unknown operation 404, arguments that do not
 bind 400, deadline passed 408, shutting down 503) is answered at once, so a bad call never
-waits behind good ones. Only calls that will run enter the queue; ``max_concurrency`` worker
-tasks take them, callers in turn, while fewer than that run. A worker awaits an ``async def``
-handler; a plain ``def`` goes to a thread of the actor's own pool (:mod:`framework.server.
-threads`), answered from the event loop when it ends; an ``inline=True`` one runs where it is.
-Neither needs a task: the reader task itself starts them when they can start at once.
+waits behind good ones. Only calls that will run enter the queue, and leave it, callers in
+turn, while fewer than ``max_concurrency`` run: whenever a call is queued or one ends. A plain
+``def`` goes to a thread of the actor's own pool (:mod:`framework.server.threads`), answered
+from the event loop when it ends; an ``inline=True`` one runs where it is. Neither needs a
+task: the reader task starts them when they can start at once, and the end of a call starts
+the next one queued. An ``async def`` is handed to one of ``max_concurrency`` worker tasks,
+which runs the calls handed to it one after another while they do not wait.
 
 Middleware (the server's, then the service's) runs in the worker task around the handler, for
 every kind; a service with middleware never takes the fast paths, and one without pays nothing
@@ -33,16 +35,15 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
-import attrs
 import outcome
 import trio
 
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, ProtocolError
-from framework.amqp.link import Delivery, Link
+from framework.amqp.link import Delivery
 from framework.amqp.messaging import (
     Accepted,
     Error,
@@ -52,11 +53,10 @@ from framework.amqp.messaging import (
     decode_head,
 )
 from framework.errors import new_ref
-from framework.io.links import LinkEnd
 from framework.io.logs import get_logger
 from framework.rpc import deadline, spans, wire
-from framework.rpc.payload import Encoding, PayloadError
-from framework.rpc.tracing import TRACEPARENT, TraceScope
+from framework.rpc.payload import PayloadError
+from framework.rpc.tracing import TRACEPARENT
 from framework.rpc.wire import (
     BAD_REQUEST,
     INTERNAL_ERROR,
@@ -70,87 +70,14 @@ from framework.rpc.wire import (
     error_message,
     parse_request,
 )
-from framework.server.context import CallContext, Middleware, handling, through
+from framework.server.calls import Call, CallObserver, Origin, Route, bare_request, log_ids
+from framework.server.context import Middleware, handling, through
 from framework.server.dedup import DedupStore, Outcome
 from framework.server.mailbox import CreditedLink, Mailbox
 from framework.server.service import Hosted, Operation
 from framework.server.threads import Result, ThreadPool
 
 log = get_logger("pairlink.service")
-
-
-class Origin(CreditedLink, Protocol):
-    """Where calls come from, as the actor sees it (:class:`framework.server.container.
-    RequestLink`): the mailbox's view, plus outcomes and reply routing (LP-8)."""
-
-    @property
-    def end(self) -> LinkEnd: ...
-    def release(self) -> None: ...
-    def set_outcome(self, delivery: Delivery, state: Any) -> None: ...
-    def route_for(self, message: Message) -> Route | None: ...
-    def why_unroutable(self, message: Message) -> tuple[str, str]: ...
-
-
-def _ids(origin: Origin, message_id: Any) -> dict[str, Any]:
-    """What ties a log line to its call: its connection, request link and message-id."""
-    return {"conn": origin.end.conn.id, "link": origin.link.name, "message_id": message_id}
-
-
-class Route(Protocol):
-    """Where replies go, as the actor sees it (:class:`framework.server.container.ReplyLink`)."""
-
-    to: str | None
-
-    @property
-    def usable(self) -> bool: ...
-    @property
-    def link(self) -> Link: ...
-    def deliver(self, payload: bytes, origin: Origin, request_settled: bool) -> bool: ...
-
-
-class CallObserver(Protocol):
-    """Told of each request's arrival and of its answer's status-code (the server's metrics,
-    :class:`framework.server.metrics.CallMetrics`)."""
-
-    def arrived(self, delivery: Delivery) -> None: ...
-    def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
-
-
-@attrs.define(slots=True, eq=False)
-class Call:
-    """A checked call waiting in the mailbox (or running)."""
-
-    operation: Operation
-    args: list[Any]
-    kwargs: dict[str, Any]
-    request: Request
-    route: Route
-    origin: Origin
-    delivery: Delivery
-    service: str  # its address, as this server serves it
-    key: str | None = None  # its message-id, while it is the running copy of a tracked id
-    context: CallContext | None = None  # built when its handler first asks (current_call)
-    trace_scope: TraceScope | None = None  # its trace, when traced (framework.rpc.tracing)
-
-    def call_context(self) -> CallContext:
-        """The handler's view of this call, built once, on demand: most handlers never ask."""
-        if self.context is None:
-            conn = self.origin.end.conn
-            opened = conn.engine.remote_open
-            request = self.request
-            self.context = CallContext(
-                message_id=request.message_id,
-                user=conn.sasl_identity,
-                container_id=None if opened is None else opened.container_id,
-                peer=conn.peer,
-                deadline=request.deadline,
-                application_properties=MappingProxyType(
-                    request.message.application_properties or {}
-                ),
-                service=self.service,
-                operation=self.operation.name,
-            )
-        return self.context
 
 
 class Actor:
@@ -171,9 +98,9 @@ class Actor:
         self.running = 0
         # its own pool, not trio's process-wide one (40): no service waits on another's threads
         self._threads = ThreadPool(spec.max_concurrency, spec.address)
-        self._room = trio.lowlevel.ParkingLot()  # workers waiting for running < max_concurrency
-        # one token per queued call: the mailbox says which call a worker takes
-        self._send, self._recv = trio.open_memory_channel[None](math.inf)
+        self._handed: deque[Call] = deque()  # taken from the mailbox for a worker task to run
+        self._idle = trio.lowlevel.ParkingLot()  # workers with no call handed to them
+        self._waking = False  # a worker was unparked and has not run yet
         self.stopping = False  # no more credit; new arrivals get 503
         self.aborting = False  # the grace period is over: running calls are cancelled
         self._scopes: set[trio.CancelScope] = set()
@@ -252,11 +179,11 @@ class Actor:
         try:
             request = parse_request(message, now=now)
         except CallError as exc:
-            request = _bare_request(message)
+            request = bare_request(message)
             self.respond(route, origin, delivery, request, exc.status, exc.description)
             return
         except Exception as exc:  # a field of a type the conventions do not foresee
-            request = _bare_request(message)
+            request = bare_request(message)
             why = f"malformed request: {exc!r}"
             self.respond(route, origin, delivery, request, BAD_REQUEST, why)
             return
@@ -298,7 +225,7 @@ class Actor:
                 self._start(call)
             else:
                 self.mailbox.enqueue(origin, call)
-                self._send.send_nowait(None)
+                self._take_queued()
 
     def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
         """True if ``call`` repeats a tracked id: answered from the store, or parked behind
@@ -331,10 +258,10 @@ class Actor:
             head = None
         route = origin.route_for(head) if head is not None else None
         if head is not None and route is not None:
-            self.respond(route, origin, delivery, _bare_request(head), BAD_REQUEST, why)
+            self.respond(route, origin, delivery, bare_request(head), BAD_REQUEST, why)
         elif delivery.remote_settled:
             self.log.warning(
-                "call.undecodable", **_ids(origin, None), condition=exc.condition, why=why
+                "call.undecodable", **log_ids(origin, None), condition=exc.condition, why=why
             )
             origin.end.detach(Error(exc.condition, why))
             self.release(origin)
@@ -356,7 +283,7 @@ class Actor:
             app = message.application_properties if message else None
             self.log.warning(
                 "call.undeliverable",
-                **_ids(origin, props.message_id),
+                **log_ids(origin, props.message_id),
                 operation=(app or {}).get(OPERATION, props.subject),
                 reply_to=props.reply_to,
                 condition=condition,
@@ -380,10 +307,12 @@ class Actor:
         error_type: str | None = None,
         ref: str | None = None,
         extra: dict[str, Any] | None = None,
+        through: bool = False,
     ) -> None:
         """Send the reply to ``request`` (a value for 200, else the status), settle the
         request, and free the call's slot once the reply has left. ``extra``: the
-        application-properties its handler added (``CallContext.reply_properties``)."""
+        application-properties its handler added (``CallContext.reply_properties``);
+        ``through``: a lone reply, written at once if the connection's writer is idle."""
         try:
             status, payload = self._reply_payload(
                 route, origin, request, status, description, value, error_type, ref, extra
@@ -393,13 +322,13 @@ class Actor:
             return
         if self.observer is not None:
             self.observer.answered(delivery, request.operation, status)
-        if route.deliver(payload, origin, delivery.remote_settled):
+        if route.deliver(payload, origin, delivery.remote_settled, through):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
             return
         self.log.warning(
             "reply.undeliverable",
-            **_ids(origin, request.message_id),
+            **log_ids(origin, request.message_id),
             operation=request.operation,
             reply_to=request.reply_to,
         )
@@ -437,7 +366,7 @@ class Actor:
         if status >= INTERNAL_ERROR or status == TIMEOUT:
             self.log.info(
                 "call.answered",
-                **_ids(origin, request.message_id),
+                **log_ids(origin, request.message_id),
                 operation=request.operation,
                 status=status,
                 why=description,
@@ -461,55 +390,96 @@ class Actor:
     # -- workers ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The workers (``max_concurrency`` tasks taking calls in order) and the granter,
-        until stopped."""
-        self._threads.bind()
+        """The workers (``max_concurrency`` tasks running the calls that need a task), the
+        granter and the thread pool, until stopped; the pool ends last, once its running calls
+        are answered."""
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self.mailbox.granter)
-                for _ in range(self.max_concurrency):
-                    nursery.start_soon(self._worker)
-                task_status.started()
+            async with trio.open_nursery() as pool:
+                await pool.start(self._threads.run)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self.mailbox.granter)
+                        for _ in range(self.max_concurrency):
+                            nursery.start_soon(self._worker)
+                        task_status.started()
+                finally:
+                    self._threads.stop()
         finally:
-            with trio.CancelScope(shield=True):  # as a worker would, wait for running threads
-                await self._threads.drained()
-            self._threads.close()
             self.finished.set()
 
-    async def _worker(self) -> None:
-        async for _ in self._recv:
-            # the calls in threads hold no worker; aborting, a queued call is answered now
-            while self.running >= self.max_concurrency and not self.aborting:
-                await self._room.park()
-            await self._execute(self.mailbox.dequeue())
-            if self._room and self.running < self.max_concurrency:
-                self._room.unpark()  # the room is still there: another worker may take it
+    def _take_queued(self) -> None:
+        """Start queued calls, callers in turn, while fewer than ``max_concurrency`` run (all of
+        them, answered 503, once aborting): a plain ``def`` here and now, like a call that
+        could start on arrival; one that needs a task (``async def``, middleware) is handed to
+        an idle worker, its room taken at once. Called whenever a call is queued or ends: a
+        thread's call ending starts the next one without a worker's task switch."""
+        mailbox = self.mailbox
+        while mailbox.queued and (self.running < self.max_concurrency or self.aborting):
+            call = mailbox.dequeue()
+            if not self._startable(call):
+                continue
+            if call.operation.mode != "async" and not self.middleware:
+                self._start(call)
+            else:
+                self.running += 1
+                self._handed.append(call)
+                self._wake_worker()
+        if self.stopping and not mailbox.queued:
+            self._idle.unpark_all()  # the workers end once nothing is left to hand them
 
-    async def _execute(self, call: Call) -> None:
+    def _startable(self, call: Call) -> bool:
+        """Whether a call taken from the queue is to run; else it is answered (or dropped,
+        when its caller went away) here."""
         request = call.request
         if not call.route.usable and call.key is None:  # the caller went away meanwhile
-            ids = _ids(call.origin, request.message_id)
+            ids = log_ids(call.origin, request.message_id)
             self.log.info("call.abandoned", **ids, operation=request.operation)
             if call.trace_scope is not None:
                 call.trace_scope.finish(None)
             self.release(call.origin)
-            return
-        now = deadline.wall_time()
-        if request.deadline is not None and request.deadline <= now:
-            why = "the deadline passed while the call was queued"
-            self._answer(call, TIMEOUT, why)
-            return
+            return False
+        if request.deadline is not None and request.deadline <= deadline.wall_time():
+            self._answer(call, TIMEOUT, "the deadline passed while the call was queued")
+            return False
         if self.aborting:
             self._answer(call, UNAVAILABLE, "shutting down")
+            return False
+        return True
+
+    def _wake_worker(self) -> None:
+        """Make sure a worker will look at the handed calls: one is on its way already, or
+        wake an idle one (none idle: each is busy, and takes the next when done)."""
+        if not self._waking and self._idle.unpark():
+            self._waking = True
+
+    async def _worker(self) -> None:
+        """Run the calls handed over (their room already taken), until stopped. One worker
+        runs handed calls one after another while they do not block (an ``async def`` that
+        never waits costs no task switch of its own); taking one while others wait, it wakes
+        another worker, which takes the next if this call blocks."""
+        while True:
+            while not self._handed:
+                if self.stopping and not self.mailbox.queued:
+                    return
+                await self._idle.park()
+                self._waking = False
+            call = self._handed.popleft()
+            if self._handed:
+                self._wake_worker()
+            await self._execute(call)
+
+    async def _execute(self, call: Call) -> None:
+        """A call that needs a task (``async def``, or middleware): in this worker's, under its
+        deadline; its room was taken when it was handed over."""
+        if self.aborting:  # handed over just before the grace period ran out
+            self._ended()
+            self._answer(call, UNAVAILABLE, "shutting down")
             return
+        request = call.request
         operation = call.operation
-        if operation.mode != "async" and not self.middleware:
-            self._start(call)
-            return
         limit = math.inf
         if request.deadline is not None:
-            limit = trio.current_time() + (request.deadline - now)
-        self.running += 1
+            limit = trio.current_time() + (request.deadline - deadline.wall_time())
         try:
             with (
                 deadline.serving(request.deadline),
@@ -552,18 +522,19 @@ class Actor:
             return call.operation.function(self.instance, *call.args, **call.kwargs)
 
     def _ran(self, call: Call, result: Result) -> None:
-        """A thread's call ended (nothing cuts a thread short): its outcome is the answer."""
+        """A thread's call ended (nothing cuts a thread short): its outcome is the answer,
+        written at once when it is the last one out (a lone call: no writer wake-up)."""
         self._ended()
         if isinstance(result, outcome.Error):
             self._failed(call, result.error)
         else:
-            self._answer(call, OK, "OK", result.value)
+            self._answer(call, OK, "OK", result.value, through=not self._threads.outstanding)
 
     def _ended(self) -> None:
-        """A running call ended: its room may let a waiting worker start the next."""
+        """A running call ended: its room goes to the next queued call."""
         self.running -= 1
-        if self._room:
-            self._room.unpark()
+        if self.mailbox.queued:
+            self._take_queued()
 
     def _failed(self, call: Call, exc: BaseException) -> None:
         """A handler raised. The caller learns what the service chose to tell: a
@@ -590,7 +561,7 @@ class Actor:
         ref = new_ref()
         self.log.error(
             event,
-            **_ids(origin, request.message_id),
+            **log_ids(origin, request.message_id),
             ref=ref,
             operation=request.operation,
             error=repr(exc),
@@ -631,9 +602,11 @@ class Actor:
         error_type: str | None = None,
         ref: str | None = None,
         extra: dict[str, Any] | None = None,
+        through: bool = False,
     ) -> None:
         """Answer ``call``, and the repeats of its id waiting for it, alike. ``extra``: the
-        reply's application-properties (default: those its handler set)."""
+        reply's application-properties (default: those its handler set); ``through``: see
+        :meth:`respond`."""
         context = call.context
         if extra is None and context is not None and context.reply_properties:
             extra = dict(context.reply_properties)
@@ -650,6 +623,7 @@ class Actor:
             error_type,
             ref,
             extra,
+            through,
         )
         if call.key is not None and self.dedup is not None:
             outcome = Outcome(status, description, value, error_type, ref, extra)
@@ -664,7 +638,7 @@ class Actor:
         if self.stopping:
             return
         self.stopping = True
-        self._send.close()  # the workers end once the queue is empty
+        self._take_queued()  # the workers end once the queue is empty
         self.mailbox.stop()  # and so does the granter
         if self.held <= 0:
             self._drained.set()
@@ -677,16 +651,9 @@ class Actor:
         """The grace period is over: cancel running calls (answered 503), and answer what is
         still queued with 503 without running it."""
         self.aborting = True
-        self._room.unpark_all()
+        self._take_queued()  # answered 503, not run
         for scope in self._scopes:
             scope.cancel()
-
-
-def _bare_request(message: Message) -> Request:
-    """Just enough of an unparseable request to address an error reply to it."""
-    props = message.properties or Properties()
-    reply_to = None if props.reply_to is None else str(props.reply_to)
-    return Request("", [], {}, props.message_id, reply_to, Encoding.AMQP_VALUE, None, message)
 
 
 def _type_name(exc: BaseException) -> str:

@@ -71,7 +71,8 @@ from framework.rpc.linkpair import (
     paired_properties,
 )
 from framework.rpc.wire import ME
-from framework.server.actor import Actor, Origin
+from framework.server.actor import Actor
+from framework.server.calls import Origin
 
 log = get_logger("pairlink.service")
 
@@ -193,23 +194,26 @@ class ReplyLink(LinkOwner):
         """Replies waiting for the requester's credit."""
         return len(self._parked)
 
-    def deliver(self, payload: bytes, origin: Origin, request_settled: bool) -> bool:
+    def deliver(
+        self, payload: bytes, origin: Origin, request_settled: bool, through: bool = False
+    ) -> bool:
         """Send a reply to a call that came on ``origin`` now, or park it until credit comes
         (it keeps its mailbox slot until then); in mixed mode it goes settled as the request
-        came (``request_settled``). False: the link is gone, the reply cannot be delivered."""
+        came (``request_settled``); ``through``: a lone reply, written from here if the writer
+        is idle. False: the link is gone, the reply cannot be delivered."""
         if not self.end.usable:
             return False
         if self.end.link.usable_credit > 0 and not self._parked:
-            self._send_now(payload, request_settled)
+            self._send_now(payload, request_settled, through)
             origin.release()
         else:
             self._parked.append((payload, origin, request_settled))
         return True
 
-    def _send_now(self, payload: bytes, request_settled: bool) -> None:
+    def _send_now(self, payload: bytes, request_settled: bool, through: bool = False) -> None:
         settled = request_settled if self.presettle is None else self.presettle
         try:
-            self.end.conn.send(self.end.link, payload, settled=settled)
+            self.end.conn.send(self.end.link, payload, settled=settled, through=through)
         except PairlinkError as exc:  # the link or connection is closing
             log.warning(
                 "reply.dropped", conn=self.end.conn.id, link=self.end.link.name, error=str(exc)

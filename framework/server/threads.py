@@ -7,13 +7,15 @@ handlers under load, four to five times what an inline handler costs. Here inste
 
 * a job goes on a queue, and a thread is woken only when none is awake between jobs to take it:
   a thread that finishes one takes the next without any wake-up. A thread taking a job while
-  others wait wakes one more, so that a handler that blocks never holds the queue back;
+  others wait wakes one more, so that a handler that blocks never holds the queue back (a
+  pool that waited to see the queue stall first would run handlers that block for less than
+  its wait one at a time);
 * results collect on the threads' side and go back to the event loop in batches: one
   ``run_sync_soon`` carries every result that finished before the loop got to the first.
 
-At most ``limit`` threads, started on demand and kept until :meth:`ThreadPool.close`. The owner
-keeps no more than ``limit`` jobs outstanding (the actor's ``max_concurrency``), so a job never
-waits for a thread. Threads are daemons: a handler that never returns does not keep the process
+At most ``limit`` threads, started on demand and kept until the pool stops. The owner keeps no
+more than ``limit`` jobs outstanding (the actor's ``max_concurrency``), so a job never waits for
+a thread for long. Threads are daemons: a handler that never returns does not keep the process
 alive.
 """
 
@@ -42,7 +44,7 @@ _Job = tuple[Callable[[Any], Any], Any, Done, contextvars.Context | None]
 
 class ThreadPool:
     """Up to ``limit`` threads running jobs; each job's outcome is handed to its ``done`` in
-    the event loop of the run that :meth:`bind` was called in."""
+    the event loop of the run that :meth:`run` serves."""
 
     def __init__(self, limit: int, name: str) -> None:
         self.limit = limit
@@ -51,22 +53,38 @@ class ThreadPool:
         self._jobs: deque[_Job] = deque()
         self._results: deque[tuple[Done, Any, Result]] = deque()
         self._delivery_due = False  # a _deliver is scheduled and has not started yet
-        self._lock = threading.Lock()  # guards the three below
+        self._lock = threading.Lock()  # guards the four below
         self._awake = 0  # threads between jobs, or woken to look for one
         self._parked: list[threading.Lock] = []  # idle threads' wake-ups (held: released to wake)
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._context = contextvars.Context()
-        self._idle: trio.Event | None = None
+        self._stopped = trio.Event()  # stop() was called, or run() cancelled
+        self._idle = trio.Event()  # set when the last outstanding outcome is delivered
 
-    def bind(self) -> None:
-        """Deliver outcomes to this run; jobs submitted without a context of their own run in
-        a copy of the caller's (called in the owner's task, as ``to_thread`` would copy it)."""
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve this run: deliver outcomes to it, and once :meth:`stop` is called (or this is
+        cancelled) and every outcome is in, end the threads (waited for even when cancelled: a
+        thread cannot be). Jobs submitted without a context of their own run in a copy of
+        this task's (as ``to_thread`` would copy it)."""
         self._token = trio.lowlevel.current_trio_token()
         self._context = contextvars.copy_context()
         # as trio.to_thread: code in the thread must not think it runs under an async library
         self._context.run(current_async_library_cvar.set, None)
+        task_status.started()
+        try:
+            await self._stopped.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                while self.outstanding:
+                    self._idle = trio.Event()
+                    await self._idle.wait()
+            self._close()
+
+    def stop(self) -> None:
+        """No more jobs will come: :meth:`run` ends once every outcome has been delivered."""
+        self._stopped.set()
 
     def submit(
         self,
@@ -91,24 +109,6 @@ class ThreadPool:
         self.submit(_call, fn, lambda _, result: trio.lowlevel.reschedule(task, result), context)
         return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
 
-    async def drained(self) -> None:
-        """Wait until every job's outcome has been delivered."""
-        while self.outstanding:
-            self._idle = trio.Event()
-            await self._idle.wait()
-
-    def close(self) -> None:
-        """End the threads (after :meth:`drained`: each is idle, or about to be)."""
-        with self._lock:
-            self._closed = True
-            for wake in self._parked:
-                self._awake += 1
-                wake.release()
-            self._parked.clear()
-            threads, self._threads = self._threads, []
-        for thread in threads:
-            thread.join()
-
     def _wake(self) -> None:
         """Make sure a thread will look at the queue: one is awake between jobs already, or
         wake a parked one, or start one if there are fewer than ``limit``."""
@@ -128,10 +128,22 @@ class ThreadPool:
             self._threads.append(thread)
         thread.start()
 
+    def _close(self) -> None:
+        """End the threads (every outcome delivered: each is idle, or about to be)."""
+        with self._lock:
+            self._closed = True
+            for wake in self._parked:
+                self._awake += 1
+                wake.release()
+            self._parked.clear()
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
+
     def _serve(self) -> None:
         """A thread: take jobs until the queue is empty, then park until woken."""
         token = self._token
-        assert token is not None, "bind() comes before the first submit()"
+        assert token is not None, "run() comes before the first submit()"
         jobs, results, lock = self._jobs, self._results, self._lock
         wake = threading.Lock()
         wake.acquire()
@@ -176,7 +188,7 @@ class ThreadPool:
                 done(arg, result)
             except Exception as exc:  # raised here, it would crash the whole Trio run
                 log.error("thread.undelivered", pool=self.name, error=repr(exc), exc_info=exc)
-        if not self.outstanding and self._idle is not None:
+        if not self.outstanding:
             self._idle.set()
 
 

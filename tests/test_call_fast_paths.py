@@ -1,0 +1,193 @@
+"""The two fast paths of a call's messages give exactly what the general paths give, for any bytes.
+
+A service reads each request through ``Message.decode``, which reads the layout our client
+writes in one pass (messaging.py's ``_decode_usual``); a client reads each reply's id and value
+with ``wire.read_reply``, without the message. Both are compared here with the general path on
+the bytes our encoders write (which they must take) and on those bytes damaged: flipped,
+cut short or extended, where they must give the general path's result or step aside.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+import trio
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from framework import RemoteError, Reply, connect, open_server
+from framework.amqp import messaging
+from framework.amqp.messaging import Message
+from framework.rpc import wire
+from framework.rpc.payload import Encoding
+from services.echo import Echo
+
+IDS = st.one_of(
+    st.integers(0, 2**64 - 1),
+    st.sampled_from([0, 1, 255, 256, 2**64 - 1]),
+    st.text(max_size=40),
+)
+VALUES = st.one_of(
+    st.binary(max_size=300),
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=20),
+    st.lists(st.integers(0, 9), max_size=5),
+    st.none(),
+)
+NOW = 1_763_900_000.0
+
+
+@st.composite
+def damaged(draw: st.DrawFn, payload: bytes) -> bytes:
+    """``payload`` as is, or with one byte changed, cut short, or with bytes after it."""
+    how = draw(st.sampled_from(["as is", "flip", "cut", "extend"]))
+    if how == "flip":
+        at = draw(st.integers(0, len(payload) - 1))
+        byte = draw(st.integers(0, 255))
+        return payload[:at] + bytes((byte,)) + payload[at + 1 :]
+    if how == "cut":
+        return payload[: draw(st.integers(0, len(payload) - 1))]
+    if how == "extend":
+        return payload + draw(st.binary(min_size=1, max_size=8))
+    return payload
+
+
+def _general_decode(payload: bytes) -> Any:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(messaging, "_decode_usual", lambda _payload, _max: None)
+        return _outcome(Message.decode, payload)
+
+
+def _outcome(read: Any, payload: bytes) -> Any:
+    try:
+        message = read(payload)
+    except Exception as exc:  # the two must fail alike, whatever the failure
+        return ("error", type(exc), str(exc))
+    properties = message.properties
+    fields = attrs.astuple(properties, recurse=False) if properties is not None else ()
+    return ("ok", message, [type(f) for f in fields], type(message.body))
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    encoding = draw(st.sampled_from(list(Encoding)))
+    args = [draw(st.binary())] if encoding is Encoding.RAW else draw(st.lists(VALUES, max_size=3))
+    kwargs = {}
+    if encoding is Encoding.ENVELOPE:
+        kwargs = draw(st.dictionaries(st.sampled_from(["a", "b"]), VALUES, max_size=2))
+    try:
+        payload = wire.encode_request(
+            draw(st.sampled_from(["echo", "add", "é"])),
+            args,
+            kwargs,
+            message_id=draw(IDS),
+            now=NOW,
+            timeout=draw(st.sampled_from([None, 0.0001, 0.2, 30.0, 1e6])),
+            reply_to=draw(st.sampled_from([wire.ME, None, "reply/1", "ü" * 300])),
+            encoding=encoding,
+        )
+    except (ValueError, OverflowError, TypeError):  # a value the body's encoding cannot hold
+        assume(False)
+    return draw(damaged(payload))
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests())
+def test_request_decode_matches_the_general_path(payload: bytes) -> None:
+    assert _outcome(Message.decode, payload) == _general_decode(payload)
+
+
+def test_usual_request_takes_the_fast_path() -> None:
+    payload = wire.encode_request("echo", (b"x" * 64,), {}, message_id=12345, now=NOW, timeout=30.0)
+    quick = messaging._decode_usual(payload, 1000)
+    assert quick is not None
+    assert _outcome(lambda _p: quick, payload) == _general_decode(payload)
+
+
+def _general_reply(payload: bytes) -> Any:
+    try:
+        message = Message.decode(payload)
+        properties = message.properties
+        correlation_id = properties.correlation_id if properties is not None else None
+        return correlation_id, wire.parse_reply(message)
+    except Exception:  # the fast path must step aside for anything the general one refuses
+        return None
+
+
+@st.composite
+def replies(draw: st.DrawFn) -> tuple[bytes, bool]:
+    encoding = draw(st.sampled_from(list(Encoding)))
+    request = wire.Request("echo", [], {}, draw(IDS), None, encoding, None, Message())
+    to = draw(st.sampled_from([wire.ME, None, "reply/1"]))
+    value = draw(VALUES)
+    try:
+        payload = wire.encode_reply(request, value, to=to)
+    except (ValueError, OverflowError, TypeError):  # a value the body's encoding cannot hold
+        assume(False)
+    usual = encoding in (Encoding.ENVELOPE, Encoding.MSGPACK) and to != "reply/1"
+    damaged_payload = draw(damaged(payload))
+    return damaged_payload, usual and damaged_payload == payload
+
+
+@settings(max_examples=400, deadline=None)
+@given(replies())
+def test_reply_read_matches_the_general_path(case: tuple[bytes, bool]) -> None:
+    payload, usual = case
+    quick = wire.read_reply(payload)
+    if usual:
+        assert quick is not None
+    if quick is not None:
+        assert quick == _general_reply(payload)
+        assert type(quick[0]) in (int, str)
+
+
+def test_failure_reply_is_left_to_the_general_path() -> None:
+    request = wire.Request("echo", [], {}, 7, None, Encoding.ENVELOPE, None, Message())
+    payload = wire.error_message(request, wire.NOT_FOUND, "no such operation", to=wire.ME)
+    assert wire.read_reply(payload.encode()) is None
+
+
+async def test_calls_and_requests_share_a_pair_each_read_its_own_way() -> None:
+    """Over real TCP: a call's reply is read by ``read_reply``, a ``request``'s on the same
+    pair whole (it wants the message), a failure through the general path, all in flight
+    together, every one matched to its caller."""
+    read: list[bool] = []
+    original = wire.read_reply
+
+    def counted(payload: bytes) -> tuple[Any, Any] | None:
+        quick = original(payload)
+        read.append(quick is not None)
+        return quick
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wire, "read_reply", counted)
+        async with (
+            open_server(Echo, listen="amqp://127.0.0.1:0") as server,
+            connect(server.url, timeout=10) as client,
+        ):
+            echo = await client.service("echo")
+            values: dict[int, Any] = {}
+            replies: dict[int, Reply] = {}
+
+            async def call(i: int) -> None:
+                values[i] = await echo.echo([i, "x" * i])
+
+            async def request(i: int) -> None:
+                replies[i] = await client.request(
+                    "echo", [i], application_properties={"operation": "nope"}
+                )
+
+            async with trio.open_nursery() as nursery:
+                for i in range(50):
+                    nursery.start_soon(call, i)
+                    if i % 10 == 0:
+                        nursery.start_soon(request, i)
+            with pytest.raises(RemoteError):
+                await echo.call("no-such-operation")
+    assert values == {i: [i, "x" * i] for i in range(50)}
+    assert all(r.status == wire.NOT_FOUND for r in replies.values()) and len(replies) == 5
+    # the calls' replies; the requests' and the failure's left to the general path (and the
+    # pair's first reply, whatever it was, if the peer's attach was still to check, LP-5)
+    assert read.count(True) >= 49 and len(read) >= 55
