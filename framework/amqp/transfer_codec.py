@@ -244,8 +244,9 @@ def encode_transfer_frame(
         and tag
         and delivery_id is not None
     ):
-        encode_first_transfer(out, channel, handle, delivery_id, tag, message_format, settled,
-                              payload)  # fmt: skip
+        encode_first_transfer(
+            out, channel, handle, delivery_id, tag, message_format, settled, payload
+        )
         return
     # the rest: the last field written is the last one not null (``more`` false is null)
     if transfer.more:

@@ -250,7 +250,7 @@ class AmqpConnection:
                     continue  # read on to the peer's EOF, feeding nothing
                 if len(data) > FEED_SLICE:
                     await self._feed_sliced(data)
-                elif self._feed(data, through=True):
+                elif self._feed(data):
                     await self._resume_held()
                 if self._waiting_bytes() > self.max_outgoing_bytes:
                     await self._stop_reading()
@@ -287,12 +287,13 @@ class AmqpConnection:
             self.flow(link, link.link_credit + more)
 
     async def _feed_sliced(self, data: bytes | bytearray) -> None:
-        """Feed a read larger than ``FEED_SLICE`` in pieces of that size, letting the writer
-        send what each piece's calls produced before the next is decoded (a large message's
+        """Feed a read larger than ``FEED_SLICE`` in pieces of that size, what each piece's
+        calls produced going out before the next is decoded: written after the piece, or, what
+        the socket did not take, by the writer, which gets its turn first (a large message's
         bytes alone yield nothing to send, so they cost no extra task switch)."""
         view = memoryview(data)
         for start in range(0, len(view), FEED_SLICE):
-            if start and self.engine.has_output:
+            if start and (self.engine.has_output or self._unsent):
                 if self._waiting_bytes() > self.max_outgoing_bytes:
                     await self._stop_reading()
                 else:
@@ -302,13 +303,12 @@ class AmqpConnection:
             if self._feed(view[start : start + FEED_SLICE]):
                 await self._resume_held()
 
-    def _feed(self, data: bytes | bytearray | memoryview | None, through: bool = False) -> bool:
+    def _feed(self, data: bytes | bytearray | memoryview | None) -> bool:
         """Hand bytes to the engine (None: resume the input it holds) and dispatch what they
         meant; True when an ``on_attach`` held the input (``hold_input``), with bytes still
-        waiting in the engine. ``through``: the answer may go out from here (_write_through)."""
+        waiting in the engine. What the input gave any connection to send, this one's answer
+        included, goes out once it is dispatched (``_AfterInput``)."""
         engine = self.engine
-        through = through and self._socket is not None and not self._kicked
-        self._kicked |= through  # the kicks of this input wait: its answer may go out from here
         held = False
         now = trio.current_time()  # dates the input (the idle timeout counts from it), the answer
         outer, _after_input.kicked = _after_input.kicked, []
@@ -325,15 +325,13 @@ class AmqpConnection:
         except Exception as exc:  # the engine's own bug: this connection alone pays for it
             self._abandon(exc)
         finally:
+            if engine.has_output or engine.transport_done:  # the engine's own answers too
+                self.kick()
             kicked, _after_input.kicked = _after_input.kicked, outer
-        for other in kicked:  # connections this input gave bytes to (a gateway relaying)
-            other._kicked = False
-            if not other._write_through(now):
-                other.kick()
-        self._kicked &= not through  # the kicks held above: the answer goes out here, or kick
-        if through and not held and (not engine.has_output or self._write_through(now)):
-            return False  # answered here (or nothing to answer: a reply read by a client)
-        self.kick()
+        for conn in kicked:
+            conn._kicked = False
+            if not conn._write_through(now):
+                conn.kick()
         return held
 
     def _write_through(self, now: float | None = None) -> bool:
