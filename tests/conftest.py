@@ -23,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework.rpc import deadline
+from framework.rpc import deadline, wire
 from tests.interop.proton_server import prepare_cyrus
 from tests.tls import TlsFiles, make_tls_files
 
@@ -129,3 +129,23 @@ def io_clock() -> Iterator[trio.testing.MockClock]:
     a task waiting for a socket as blocked, so a clock that jumps at once could jump past a
     deadline while a request is still in the kernel; this one waits ``IO_AUTOJUMP`` first."""
     yield from _deadlines_follow(trio.testing.MockClock(autojump_threshold=IO_AUTOJUMP))
+
+
+@pytest.fixture
+def fast_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[bool]]:
+    """``fast_reads("read_request")``: from then on, whether each read by that fast-path
+    reader of ``framework.rpc.wire`` took its message (True) or left it to the general path."""
+
+    def track(name: str) -> list[bool]:
+        read: list[bool] = []
+        original = getattr(wire, name)
+
+        def counted(payload: bytes) -> Any:
+            quick = original(payload)
+            read.append(quick is not None)
+            return quick
+
+        monkeypatch.setattr(wire, name, counted)
+        return read
+
+    return track

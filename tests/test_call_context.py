@@ -4,6 +4,7 @@ handlers alike; what it adds to ``reply_properties`` reaches the caller beside t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ def _seen(*, fail: bool = False) -> dict[str, Any]:
         "peer": call.peer,
         "deadline": call.deadline,
         "tenant": call.application_properties.get("tenant"),
+        "operation": call.application_properties.get(wire.OPERATION),
     }
 
 
@@ -83,7 +85,28 @@ async def test_each_kind_of_handler_sees_its_call(operation: str) -> None:
     assert seen["container_id"] == "caller-7"
     assert seen["peer"].startswith("127.0.0.1:")
     assert before + 19 < seen["deadline"] <= deadline.wall_time() + 20
-    assert seen["tenant"] == "t1"
+    assert (seen["tenant"], seen["operation"]) == ("t1", operation)
+
+
+@pytest.mark.parametrize("operation", ["in_task", "inline", "in_thread"])
+async def test_a_call_read_without_its_message_shows_the_same_call(
+    operation: str, fast_reads: Callable[[str], list[bool]]
+) -> None:
+    """A call as our client sends it is read without building its message
+    (``wire.read_request``): the handler still sees its message-id, deadline, caller and the
+    operation's application-properties."""
+    read = fast_reads("read_request")
+    async with (
+        open_server(Ctx(), listen="amqp://127.0.0.1:0") as server,
+        connect(server.url, container_id="caller-8") as client,
+    ):
+        before = deadline.wall_time()
+        seen = await client.call("ctx", operation, timeout=20, message_id="m-43")
+    assert read == [True]
+    assert seen["message_id"] == "m-43"
+    assert (seen["user"], seen["container_id"]) == ("anonymous", "caller-8")
+    assert before + 19 < seen["deadline"] <= deadline.wall_time() + 20
+    assert (seen["tenant"], seen["operation"]) == (None, operation)
 
 
 async def test_reply_properties_go_with_an_error_reply_too() -> None:

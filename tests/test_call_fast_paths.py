@@ -1,14 +1,16 @@
-"""The two fast paths of a call's messages give exactly what the general paths give, for any bytes.
+"""The fast paths of a call's messages give exactly what the general paths give, for any bytes.
 
-A service reads each request through ``Message.decode``, which reads the layout our client
-writes in one pass (messaging.py's ``_decode_usual``); a client reads each reply's id and value
-with ``wire.read_reply``, without the message. Both are compared here with the general path on
-the bytes our encoders write (which they must take) and on those bytes damaged: flipped,
-cut short or extended, where they must give the general path's result or step aside.
+A service reads each request with ``wire.read_request``, without the message, and any message
+in the layout our client writes through ``Message.decode`` in one pass (messaging.py's
+``_decode_usual``); a client reads each reply's id and value with ``wire.read_reply``, without
+the message. Each is compared here with the general path on the bytes our encoders write
+(which they must take) and on those bytes damaged: flipped, cut short or extended, where they
+must give the general path's result or step aside.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -71,8 +73,13 @@ def _outcome(read: Any, payload: bytes) -> Any:
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> bytes:
-    encoding = draw(st.sampled_from(list(Encoding)))
+def requests(draw: st.DrawFn, usual: bool = False) -> bytes:
+    """A request as our client writes it, maybe damaged; ``usual``: mostly in the layout our
+    client writes to a pairlink service (our envelope, a deadline, a short reply-to)."""
+    encodings = [Encoding.ENVELOPE] * 15 + list(Encoding) if usual else list(Encoding)
+    timeouts = [0.0001, 0.2, 30.0, 1e6] + ([] if usual else [None])
+    reply_tos = [wire.ME, "reply/1"] * 4 + [None, "ü" * 300]
+    encoding = draw(st.sampled_from(encodings))
     args = [draw(st.binary())] if encoding is Encoding.RAW else draw(st.lists(VALUES, max_size=3))
     kwargs = {}
     if encoding is Encoding.ENVELOPE:
@@ -84,8 +91,10 @@ def requests(draw: st.DrawFn) -> bytes:
             kwargs,
             message_id=draw(IDS),
             now=NOW,
-            timeout=draw(st.sampled_from([None, 0.0001, 0.2, 30.0, 1e6])),
-            reply_to=draw(st.sampled_from([wire.ME, None, "reply/1", "ü" * 300])),
+            timeout=draw(st.sampled_from(timeouts)),
+            reply_to=draw(
+                st.sampled_from(reply_tos if usual else [wire.ME, None, "reply/1", "ü" * 300])
+            ),
             encoding=encoding,
         )
     except (ValueError, OverflowError, TypeError):  # a value the body's encoding cannot hold
@@ -104,6 +113,84 @@ def test_usual_request_takes_the_fast_path() -> None:
     quick = messaging._decode_usual(payload, 1000)
     assert quick is not None
     assert _outcome(lambda _p: quick, payload) == _general_decode(payload)
+
+
+def _general_request(payload: bytes) -> Any:
+    """What a service made of ``payload`` before ``read_request``: the message, decoded by the
+    general path, and the request ``parse_request`` reads from it (None: refused)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(messaging, "_decode_usual", lambda _payload, _max: None)
+        try:
+            message = Message.decode(payload)
+            return message, wire.parse_request(message, now=NOW)
+        except Exception:  # the fast path must step aside for anything the general one refuses
+            return None
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.data())
+def test_request_read_matches_the_general_path(data: st.DataObject) -> None:
+    payload = data.draw(requests(usual=True))
+    quick = wire.read_request(payload)
+    general = _general_request(payload)
+    if quick is None:
+        return
+    assert general is not None
+    message, request = general
+    assert _unread(quick)  # no message built ...
+    assert quick.application_properties == message.application_properties
+    assert _unread(quick)
+    fields = ("operation", "args", "kwargs", "message_id", "reply_to", "encoding", "deadline")
+    for field in fields:
+        assert getattr(quick, field) == getattr(request, field), field
+        assert type(getattr(quick, field)) is type(getattr(request, field)), field
+    assert quick.message == message  # ... until something asks for it
+    assert not _unread(quick)
+
+
+def _unread(request: wire.Request) -> bool:
+    """Whether ``request`` still holds its bytes, its message not yet decoded."""
+    return isinstance(request.source, bytes)
+
+
+@pytest.mark.parametrize("message_id", [0, 7, 2**64 - 1, "", "call-1", "é" * 40])
+@pytest.mark.parametrize("kwargs", [{}, {"a": 1, "b": [b"x"]}])
+def test_usual_requests_are_read_without_their_message(message_id: Any, kwargs: Any) -> None:
+    payload = wire.encode_request(
+        "echo", (b"x" * 64, None), kwargs, message_id=message_id, now=NOW, timeout=30.0
+    )
+    quick = wire.read_request(payload)
+    assert quick is not None and _unread(quick)
+    assert (quick.args, quick.kwargs, quick.message_id) == ([b"x" * 64, None], kwargs, message_id)
+    assert quick.deadline == NOW + 30.0
+
+
+@pytest.mark.parametrize(
+    ("why", "options"),
+    [
+        ("no deadline", {"timeout": None}),
+        ("no reply-to", {"reply_to": None}),
+        ("not our envelope", {"encoding": Encoding.MSGPACK}),
+        ("a trace beside the operation", {"headers": {"traceparent": "00-" + "1" * 32}}),
+    ],
+)
+def test_other_requests_are_left_to_the_general_path(why: str, options: Any) -> None:
+    settings: dict[str, Any] = {"timeout": 30.0, **options}
+    payload = wire.encode_request("echo", (1,), {}, message_id=1, now=NOW, **settings)
+    assert wire.read_request(payload) is None, why
+    assert _general_request(payload) is not None
+
+
+def test_an_envelope_that_is_not_one_is_left_to_the_general_path() -> None:
+    """A body the general path answers with a 400: the fast path must not read it."""
+    payload = wire.encode_request("echo", (1,), {}, message_id=1, now=NOW, timeout=30.0)
+    body = b"\x92\x91\x01\x80"  # [[1], {}] as msgpack
+    assert payload.endswith(body)
+    for bad in (b"\x91\x01", b"\x92\x01\x80", b"\x92\x91\x01\x81\x01\x02"):  # [1]; [1, {}]; {1: 2}
+        damaged = payload[: -len(body) - 1] + bytes((len(bad),)) + bad
+        assert wire.read_request(damaged) is None
+        with pytest.raises(wire.CallError):
+            wire.parse_request(Message.decode(damaged), now=NOW)
 
 
 def _general_reply(payload: bytes) -> Any:
@@ -149,43 +236,36 @@ def test_failure_reply_is_left_to_the_general_path() -> None:
     assert wire.read_reply(payload.encode()) is None
 
 
-async def test_calls_and_requests_share_a_pair_each_read_its_own_way() -> None:
+async def test_calls_and_requests_share_a_pair_each_read_its_own_way(
+    fast_reads: Callable[[str], list[bool]],
+) -> None:
     """Over real TCP: a call's reply is read by ``read_reply``, a ``request``'s on the same
     pair whole (it wants the message), a failure through the general path, all in flight
     together, every one matched to its caller."""
-    read: list[bool] = []
-    original = wire.read_reply
+    read = fast_reads("read_reply")
+    async with (
+        open_server(Echo, listen="amqp://127.0.0.1:0") as server,
+        connect(server.url, timeout=10) as client,
+    ):
+        echo = await client.service("echo")
+        values: dict[int, Any] = {}
+        replies: dict[int, Reply] = {}
 
-    def counted(payload: bytes) -> tuple[Any, Any] | None:
-        quick = original(payload)
-        read.append(quick is not None)
-        return quick
+        async def call(i: int) -> None:
+            values[i] = await echo.echo([i, "x" * i])
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(wire, "read_reply", counted)
-        async with (
-            open_server(Echo, listen="amqp://127.0.0.1:0") as server,
-            connect(server.url, timeout=10) as client,
-        ):
-            echo = await client.service("echo")
-            values: dict[int, Any] = {}
-            replies: dict[int, Reply] = {}
+        async def request(i: int) -> None:
+            replies[i] = await client.request(
+                "echo", [i], application_properties={"operation": "nope"}
+            )
 
-            async def call(i: int) -> None:
-                values[i] = await echo.echo([i, "x" * i])
-
-            async def request(i: int) -> None:
-                replies[i] = await client.request(
-                    "echo", [i], application_properties={"operation": "nope"}
-                )
-
-            async with trio.open_nursery() as nursery:
-                for i in range(50):
-                    nursery.start_soon(call, i)
-                    if i % 10 == 0:
-                        nursery.start_soon(request, i)
-            with pytest.raises(RemoteError):
-                await echo.call("no-such-operation")
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(call, i)
+                if i % 10 == 0:
+                    nursery.start_soon(request, i)
+        with pytest.raises(RemoteError):
+            await echo.call("no-such-operation")
     assert values == {i: [i, "x" * i] for i in range(50)}
     assert all(r.status == wire.NOT_FOUND for r in replies.values()) and len(replies) == 5
     # the calls' replies; the requests' and the failure's left to the general path (and the

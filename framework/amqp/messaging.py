@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import copy
 import datetime
-import struct
 from typing import Any, Literal, TypeAlias
 
 import attrs
 
 from framework.amqp.codec import (
     DECODE_FAULTS,
-    DECODERS,
     MAX_ELEMENTS,
     ClassDecoder,
     as_decode_error,
@@ -34,6 +32,7 @@ from framework.amqp.described import class_decoder, composite, restricted, value
 from framework.amqp.errors import DecodeError
 from framework.amqp.scalars import PLAIN_SCALARS, encode_binary
 from framework.amqp.types import Symbol, amqp_field
+from framework.amqp.usual_request import USUAL_HEADER, read_usual
 
 __all__ = [
     "DIST_COPY",
@@ -415,7 +414,7 @@ class Message:
         would only be unwrapped again. Anything else takes the general path; both raise the
         same errors for the same bytes.
         """
-        if type(payload) is bytes and payload.startswith(_TTL_HEADER):
+        if type(payload) is bytes and payload.startswith(USUAL_HEADER):
             quick = _decode_usual(payload, max_elements)
             if quick is not None:
                 return quick
@@ -473,65 +472,23 @@ class Message:
         return msg
 
 
-_TTL_HEADER = b"\x00\x53\x70\xc0\x08\x03\x40\x40\x70"  # a header of a uint ttl alone
-_PROPERTIES_9 = b"\x00\x53\x73\xc0"
-_U_I = struct.Struct(">I").unpack_from
-_ID_DECODERS = {0x53: DECODERS[0x53], 0x80: DECODERS[0x80]}  # ulong ids, wrapped as ever
-_ID_SIZES = {0x53: 2, 0x80: 9}
 _TIMESTAMP = PLAIN_SCALARS["timestamp"][0x83]
 _FAULTS = (DecodeError, *DECODE_FAULTS)
-_SYMBOLS: dict[bytes, Symbol] = {}  # content-types by their encoding: a handful, repeated
 
 
 def _decode_usual(payload: bytes, max_elements: int) -> Message | None:
-    """A request as a client of ours writes it (``wire.encode_request``): a header of a ttl
-    alone; properties of a ulong or string message-id, a string reply-to, the same id as
-    correlation-id, maybe a content-type, an absolute-expiry-time; application-properties;
-    one data section. Read in one pass, checking each byte the generic path would read, into
-    the very message it would build; None for anything else (or anything wrong), which the
-    generic path then reads, or refuses, as ever. A service reads one per call."""
+    """A request as a client of ours writes it (:mod:`framework.amqp.usual_request`), read in
+    one pass into the very message the generic path would build; None for anything else (or
+    anything wrong), which the generic path then reads, or refuses, as ever."""
+    usual = read_usual(payload)
+    if usual is None:
+        return None
+    pos = usual.sections
     try:
-        if not payload.startswith(_PROPERTIES_9, 13) or payload[18] != 9:
-            return None  # (after the header at 0-12) not the properties as a list8 of 9
-        props_end = 18 + payload[17]
-        code = payload[19]
-        if code == 0xA1:  # the message-id: a string ...
-            mid_end = 21 + payload[20]
-            message_id: Any = str(payload[21:mid_end], "utf-8")
-        elif code in _ID_SIZES:  # ... or a ulong
-            mid_end = 19 + _ID_SIZES[code]
-            message_id = _ID_DECODERS[code](payload, 20, 1)[0]
-        else:
-            return None
-        # user-id, to, subject: null; reply-to: a string; then the correlation-id, the same
-        if not payload.startswith(b"\x40\x40\x40\xa1", mid_end):
-            return None
-        pos = mid_end + 5 + payload[mid_end + 4]
-        reply_to = str(payload[mid_end + 5 : pos], "utf-8")
-        end = pos + mid_end - 19
-        if payload[pos:end] != payload[19:mid_end]:
-            return None
-        content_type = None
-        if payload[end] == 0xA3:
-            pos = end + 2 + payload[end + 1]
-            key = payload[end:pos]
-            content_type = _SYMBOLS.get(key)
-            if content_type is None:
-                content_type = Symbol(str(payload[end + 2 : pos], "ascii"))
-                if len(_SYMBOLS) >= 64:
-                    _SYMBOLS.clear()
-                _SYMBOLS[key] = content_type
-        elif payload[end] == 0x40:
-            pos = end + 1
-        else:
-            return None
-        if pos + 10 != props_end or not payload.startswith(b"\x40\x83", pos):
-            return None  # content-encoding: null; the expiry: the last field
-        expiry = _TIMESTAMP(payload, pos + 2, 1)[0]
-        if not payload.startswith(b"\x00\x53\x74", props_end):
+        if not payload.startswith(b"\x00\x53\x74", pos):
             return None
         start_budget(max_elements)
-        app, pos = _SECTION_DEC[0x74][1](payload[props_end + 3], payload, props_end + 4, 1)
+        app, pos = _SECTION_DEC[0x74][1](payload[pos + 3], payload, pos + 4, 1)
         if not payload.startswith(b"\x00\x53\x75", pos):
             return None
         body, pos = _SECTION_DEC[0x75][1](payload[pos + 3], payload, pos + 4, 1)
@@ -539,9 +496,11 @@ def _decode_usual(payload: bytes, max_elements: int) -> Message | None:
             return None
     except _FAULTS:
         return None
-    header = Header(False, 4, _U_I(payload, 9)[0], False, 0)
+    message_id = usual.message_id
+    header = Header(False, 4, usual.ttl, False, 0)
+    expiry = _TIMESTAMP(payload, usual.sections - 8, 1)[0]
     properties = Properties(
-        message_id, None, None, None, reply_to, message_id, content_type, None, expiry
+        message_id, None, None, None, usual.reply_to, message_id, usual.content_type, None, expiry
     )
     return Message(body, "data", header, None, None, properties, app)
 

@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from framework.amqp import errors as conditions
 from framework.amqp.messaging import BodyKind
 from framework.client.pairs import CallConnection, CallPair
 from framework.client.reply import Reply, compose_request
@@ -101,6 +100,9 @@ class Client:
         self._config = {**config, "desired_capabilities": desired}
         self._nursery = nursery
         self._ids = itertools.count(1)
+        self.clock = trio.lowlevel.current_clock()
+        """The run's clock: read once or twice per call, without ``trio.current_time``'s
+        two calls on the way to it."""
         self.timeouts = Timeouts()
         nursery.start_soon(self.timeouts.run)
         self._conn: CallConnection | None = None
@@ -268,11 +270,41 @@ class Client:
             if twice := keywords.keys() & kwargs.keys():
                 raise TypeError(f"keyword arguments given twice: {', '.join(sorted(twice))}")
             keywords = {**kwargs, **keywords}
-        deadline_at = self._deadline_at(address, operation, timeout)
-        call = (operation, args, keywords, deadline_at, encoding or self.encoding, self.settled)
-        return await self._on_pair(
-            address, operation, deadline_at, lambda pair: pair.call(*call, message_id)
+        return await self._call(
+            address, timeout, encoding, message_id, operation, *args, **keywords
         )
+
+    async def _call(
+        self,
+        address: str,
+        timeout: float | None,  # noqa: ASYNC109 - a deadline sent with the request
+        encoding: Encoding | None,
+        message_id: str | None,
+        operation: str,
+        /,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """``call`` with its options apart, what a proxy's operations are bound to: the only
+        coroutine between a proxy's call and its pair's (each level cost every call a frame
+        and its resumptions). The clock is read once, for the deadline and the request's ttl,
+        and again only after waiting for a pair. A call the service had no room for at once
+        goes again on a new pair (LP-10)."""
+        now = self.clock.current_time()
+        deadline_at = self._deadline_at(address, operation, timeout, now)
+        conn = self._conn
+        pair = conn.pairs.get(address) if conn is not None and conn.alive else None
+        if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
+            pair = await self._pair_by(address, operation, deadline_at)
+            now = self.clock.current_time()
+        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        try:
+            return await pair.call(*call, message_id, now)
+        except LinkDetachedError as exc:
+            if not pair.had_no_room(exc):
+                raise
+        pair = await self._pair_again(pair, address, operation, deadline_at)
+        return await pair.call(*call, message_id, self.clock.current_time())
 
     async def request(
         self,
@@ -313,7 +345,7 @@ class Client:
         ``ValueError`` if a request with that message-id is in flight to ``address``.
         """
         label = subject or "request"
-        deadline_at = self._deadline_at(address, label, timeout)
+        deadline_at = self._deadline_at(address, label, timeout, self.clock.current_time())
         message = compose_request(
             body,
             body_kind=body_kind,
@@ -332,12 +364,15 @@ class Client:
             lambda pair: pair.request(message, deadline_at, settled, label),
         )
 
-    def _deadline_at(self, address: str, label: str, timeout: float | None) -> float:
-        """The Trio time by which a request must be answered (see ``call``'s ``timeout``)."""
+    def _deadline_at(self, address: str, label: str, timeout: float | None, now: float) -> float:
+        """The Trio time by which a request made at ``now`` must be answered (see ``call``'s
+        ``timeout``)."""
         limit = deadline.effective_timeout(self.timeout if timeout is None else timeout)
-        if limit is not None and limit <= 0:
+        if limit is None:
+            return math.inf
+        if limit <= 0:
             raise TimeoutError(f"{address}.{label}: the deadline has passed already")
-        return math.inf if limit is None else trio.current_time() + limit
+        return now + limit
 
     async def _on_pair(
         self,
@@ -355,16 +390,21 @@ class Client:
         try:
             return await exchange(pair)
         except LinkDetachedError as exc:
-            if pair.granted or exc.condition != conditions.TRANSFER_LIMIT_EXCEEDED:
+            if not pair.had_no_room(exc):
                 raise
-        # LP-10: the service had no room for the pipelined first request and detached the
-        # pair before granting it any credit, so none of its requests reached the service:
-        # send this one again on a pair that waits for credit
+        return await exchange(await self._pair_again(pair, address, label, deadline_at))
+
+    async def _pair_again(
+        self, pair: CallPair, address: str, label: str, deadline_at: float
+    ) -> CallPair:
+        """LP-10: the service had no room for the pipelined first request and detached the
+        pair before granting it any credit, so none of its requests reached the service: the
+        pair to send this one again on, which waits for credit."""
         pair.log.debug("call.no_room", operation=label)  # its conn, link and address
         pair = await self._pair_by(address, label, deadline_at)
         if not pair.granted:
             pair.fresh = False
-        return await exchange(pair)
+        return pair
 
     async def _pair_by(self, address: str, label: str, deadline_at: float) -> CallPair:
         """The pair for ``address``, set up (or reconnected) by ``deadline_at``."""
@@ -460,20 +500,28 @@ class ServiceProxy:
     async def call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call ``operation`` with these arguments, all of them the operation's."""
         options = self.call_options
-        return await self.client.call(
+        return await self.client._call(
             self.address,
+            options.timeout,
+            options.encoding,
+            options.message_id,
             operation,
             *args,
-            timeout=options.timeout,
-            encoding=options.encoding,
-            message_id=options.message_id,
-            kwargs=kwargs,
+            **kwargs,
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Awaitable[Any]]:
         if operation.startswith("_"):
             raise AttributeError(operation)
-        return functools.partial(self.call, operation)
+        options = self.call_options  # bound as ``call`` passes them: one coroutine less
+        return functools.partial(
+            self.client._call,
+            self.address,
+            options.timeout,
+            options.encoding,
+            options.message_id,
+            operation,
+        )
 
     def __repr__(self) -> str:
         return f"<ServiceProxy {self.address!r} on {self.client.url}>"

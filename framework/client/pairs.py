@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Awaitable
 from typing import Any, Protocol
 
 import attrs
@@ -46,6 +47,7 @@ class Calls(Protocol):
 
     timeouts: Timeouts
     late_replies: int
+    clock: trio.abc.Clock
 
     def next_id(self) -> int:
         """A message-id for a call that has none of its own."""
@@ -64,22 +66,23 @@ class Call:
 
     deadline: float
     payload: bytes = b""
+    quick: bool = False  # a call() (not a request()): its reply may be read that way
     scope: trio.CancelScope | None = None
     reply: Message | None = None
     value: Any = None  # the reply's value, read without the message (``valued``)
     valued: bool = False  # answered by ``wire.read_reply``: a call() that wants the value only
-    quick: bool = False  # a call() (not a request()): its reply may be read that way
     error: PairlinkError | None = None
     line: Sender | None = None  # the sender whose line it waits in, not sent yet
     over: bool = False  # answered, failed or expired: its caller is woken (or need not wait)
     task: trio.lowlevel.Task | None = None  # the caller, while it waits
 
-    async def wait(self) -> None:
+    def wait(self) -> Awaitable[None]:
+        """What its caller awaits, at once: Trio's own wait (a coroutine of ours around it
+        would cost every call a frame and its resumptions)."""
         if self.over:
-            await trio.lowlevel.checkpoint()
-            return
+            return trio.lowlevel.checkpoint()  # noqa: ASYNC105 - the caller awaits it
         self.task = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort)
+        return trio.lowlevel.wait_task_rescheduled(self._abort)  # noqa: ASYNC105 - as above
 
     def _abort(self, _raise_cancel: object) -> trio.lowlevel.Abort:
         self.task = None  # cancelled: nothing wakes it any more
@@ -95,7 +98,8 @@ class Call:
 
     def _wake(self) -> None:
         self.over = True
-        self.leave_line()
+        if self.line is not None:
+            self.leave_line()
         task, self.task = self.task, None
         if task is not None:
             trio.lowlevel.reschedule(task)
@@ -148,6 +152,7 @@ class CallPair(LinkOwner):
         self.granted = False  # the service has given the request link credit
         self.verified = not paired  # LP-5 applies to pairs only
         self.log = conn.log
+        self.clock = conn.client.clock
         self.tracer = spans.opentelemetry_tracer()  # None: no spans, plain W3C headers
 
     # -- set-up ----------------------------------------------------------------------------
@@ -256,26 +261,28 @@ class CallPair(LinkOwner):
         encoding: Encoding | None,
         settled: bool,
         message_id: str | None,
+        now: float,
     ) -> Any:
-        """Send one request and wait for its reply until ``deadline_at`` (Trio clock); its
-        body in ``encoding``, else in the one the connection's peer reads (``peer_encoding``).
-        It carries its message-id as its correlation-id too: a server may copy either, and the
-        current trace (:mod:`framework.rpc.tracing`), if any, in a span of its own when
-        OpenTelemetry is set up."""
+        """Send one request and wait for its reply until ``deadline_at`` (Trio clock), its ttl
+        counted from ``now`` (Trio clock: the caller's reading); its body in ``encoding``,
+        else in the one the connection's peer reads (``peer_encoding``). It carries its
+        message-id as its correlation-id too: a server may copy either, and the current trace
+        (:mod:`framework.rpc.tracing`), if any, in a span of its own when OpenTelemetry is
+        set up."""
         call_id = self._new_id(message_id)
         tracer = self.tracer
-        if tracer is None:  # the usual case: no span, so no context manager either
+        if tracer is None:  # no span, so no context manager either
             message = self._encode_call(
-                call_id, operation, args, kwargs, deadline_at, encoding, tracing.outgoing()
+                call_id, operation, args, kwargs, deadline_at, now, encoding, tracing.outgoing()
             )
-            return _result(
+            return _call_value(
                 *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
             )
         with spans.client_span(tracer, self.address, operation) as headers:
             message = self._encode_call(
-                call_id, operation, args, kwargs, deadline_at, encoding, headers
+                call_id, operation, args, kwargs, deadline_at, now, encoding, headers
             )
-            return _result(
+            return _call_value(
                 *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
             )
 
@@ -286,17 +293,18 @@ class CallPair(LinkOwner):
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         deadline_at: float,
+        now: float,
         encoding: Encoding | None,
         headers: dict[str, str] | None,
     ) -> bytes:
-        remaining = None if math.isinf(deadline_at) else deadline_at - trio.current_time()
+        """A call's request, its ttl what is left at ``now`` (Trio clock) of ``deadline_at``."""
         return wire.encode_request(
             operation,
             args,
             kwargs,
             message_id=call_id,
             now=deadline.wall_time(),
-            timeout=remaining,
+            timeout=None if deadline_at == math.inf else deadline_at - now,
             reply_to=self.reply_to,
             encoding=encoding or self.conn.encoding,
             headers=headers,
@@ -355,6 +363,12 @@ class CallPair(LinkOwner):
         call, outcome = await self.exchange(call_id, payload, deadline_at, settled, label, alias)
         return Reply(call.reply, outcome)
 
+    def had_no_room(self, error: LinkDetachedError) -> bool:
+        """Whether a call failed with ``error`` because the service had no room for this
+        pair's pipelined first requests (LP-10): detached before it granted any credit, so
+        none reached the service and each may go again, on a new pair."""
+        return not self.granted and error.condition == conditions.TRANSFER_LIMIT_EXCEEDED
+
     def _new_id(self, chosen: Any) -> Any:
         """A request's message-id: the caller's, else the client's counter."""
         if chosen is None:
@@ -381,7 +395,7 @@ class CallPair(LinkOwner):
         ``value``) and the request's outcome (None when it went pre-settled). A request
         settled with any outcome but ``accepted`` was not taken: no reply will come, so it
         returns at once with none."""
-        call = Call(deadline_at, payload, quick=quick)
+        call = Call(deadline_at, payload, quick)
         calls = self.calls
         alone = not calls  # one call at a time: its request is written through, not batched
         calls[call_id] = call
@@ -414,8 +428,8 @@ class CallPair(LinkOwner):
             if alias is not None:
                 calls.pop(alias, None)
         if (
-            call.reply is not None
-            or call.valued
+            call.valued
+            or call.reply is not None
             or not (outcome is None or isinstance(outcome, Accepted))
         ):
             return call, outcome
@@ -432,11 +446,10 @@ class CallPair(LinkOwner):
 
     def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
         quick = wire.read_reply(payload) if self.verified else None
-        if quick is not None and self._answer_quick(*quick):
-            outcome: Accepted | Rejected = Accepted()
-        else:
-            outcome = self._read_reply(payload)
-        end.conn.settle(delivery, outcome)  # when the service asked for our receipt
+        if quick is None or not self._answer_quick(*quick):
+            end.conn.settle(delivery, self._read_reply(payload))
+        elif not delivery.settled:  # the service asked for our receipt
+            end.conn.settle(delivery, Accepted())
         if end.link.link_credit <= self.reply_credit // 2:
             end.conn.flow(end.link, self.reply_credit)
 
@@ -444,7 +457,7 @@ class CallPair(LinkOwner):
         """The usual reply, read by ``wire.read_reply``: answer its call with the value, if it
         is a call() whose caller still waits; False leaves it to the general path."""
         call = self.calls.get(correlation_id)
-        if call is None or not call.quick or trio.current_time() >= call.deadline:
+        if call is None or not call.quick or self.clock.current_time() >= call.deadline:
             return False
         del self.calls[correlation_id]
         call.answer_value(value)
@@ -502,9 +515,10 @@ class CallPair(LinkOwner):
                 end.detach(detach_with)
 
 
-def _result(call: Call, outcome: Any) -> Any:
+def _call_value(call: Call, outcome: Any) -> Any:
     """A call's value: its reply's, once the request's outcome says it was taken."""
-    wire.raise_for_outcome(outcome)
+    if outcome is not None:
+        wire.raise_for_outcome(outcome)
     if call.valued:
         return call.value
     assert call.reply is not None  # accepted (or pre-settled), so it was answered

@@ -26,8 +26,9 @@ from typing import Any
 import attrs
 
 from framework.amqp import errors as conditions
-from framework.amqp.codec import MAX_ELEMENTS, encode, encode_into
+from framework.amqp.codec import MAX_ELEMENTS, decode_from, encode, encode_into
 from framework.amqp.described import encode_message_id
+from framework.amqp.errors import DecodeError
 from framework.amqp.messaging import (
     Accepted,
     ApplicationProperties,
@@ -40,8 +41,10 @@ from framework.amqp.messaging import (
 )
 from framework.amqp.scalars import encode_string
 from framework.amqp.types import Int, Symbol
+from framework.amqp.usual_request import read_usual
 from framework.errors import RemoteError, RemoteTimeoutError
 from framework.rpc.payload import (
+    ENVELOPE,
     Encoding,
     PayloadError,
     arguments_value,
@@ -109,7 +112,25 @@ class Request:
     reply_to: str | None
     encoding: Encoding
     deadline: float | None  # wall-clock seconds since the epoch, None: no deadline
-    message: Message
+    source: Message | bytes
+    """The request's message; or, for one :func:`read_request` read without building it, its
+    bytes, decoded the first time anything asks for the message."""
+
+    @property
+    def message(self) -> Message:
+        """The request as a message (decoded now if it was read without one)."""
+        source = self.source
+        if isinstance(source, bytes):
+            source = self.source = Message.decode(source)
+        return source
+
+    @property
+    def application_properties(self) -> dict[str, Any]:
+        """Its application-properties (for one read without its message, the operation's
+        alone: the only ones :func:`read_request` takes)."""
+        if isinstance(self.source, bytes):
+            return {OPERATION: self.operation}
+        return self.source.application_properties or {}
 
 
 def request_message(
@@ -153,6 +174,20 @@ def encode_request(
     once, is copied as the correlation-id. ``headers``: application-properties beside the
     operation (a trace context)."""
     body, kind, content_type = encoded_body(arguments_value(args, kwargs, encoding), encoding)
+    if timeout is not None and type(message_id) is int and 0xFF < message_id <= _ULONG_MAX:
+        # the usual request (a counter's id past the first 255: the same size for them all):
+        # the id twice and the expiry between bytes made once per (ttl, reply-to, encoding)
+        ttl = _ttl_ms(timeout)  # (in the order the message's encoding fails, if it fails)
+        expiry = _P_ONE_LONG(_expiry_ms(now, timeout))
+        head, address, content = _usual_properties(ttl, reply_to, encoding)
+        ulong = _P_ULONG(0x80, message_id)
+        out = bytearray(head)
+        out += ulong
+        out += address
+        out += ulong
+        out += content
+        out += expiry
+        return _request_rest(out, operation, headers, body, kind)
     out = bytearray()
     expiry_ms = 0
     if timeout is not None:  # (in the order the message's encoding fails, if it fails)
@@ -169,11 +204,7 @@ def encode_request(
     out += _PROPERTIES_HEAD
     encode_message_id(message_id, out)
     mid = out[start + len(_PROPERTIES_HEAD) :]
-    out += b"\x40\x40\x40"  # user-id, to, subject
-    if reply_to is None:
-        out.append(0x40)
-    else:
-        encode_string(reply_to, out)
+    out += _address_fields(reply_to)
     out += mid
     if timeout is not None:  # content-type (or null), content-encoding, absolute-expiry-time
         out += _CONTENT_TYPE_FIELD[encoding] or b"\x40"
@@ -204,6 +235,9 @@ def _request_rest(
 # the described list's constructor, size and count patched in by ``_finish_properties``.
 _PROPERTIES_HEAD = b"\x00\x53\x73\xc0\x00\x00"
 _P_ONE_NULL_TIMESTAMP = struct.Struct(">BBq").pack
+_P_ULONG = struct.Struct(">BQ").pack
+_P_ONE_LONG = struct.Struct(">q").pack
+_ULONG_MAX = 2**64 - 1
 _P_LIST32 = struct.Struct(">BII").pack
 _CONTENT_TYPE_FIELD = {
     e: b"" if e is Encoding.AMQP_VALUE else encode(Symbol(e.value)) for e in Encoding
@@ -248,15 +282,42 @@ def _expiry_ms(now: float, timeout: float) -> int:
     encoder writes for it, and the same ``OverflowError`` past the datetime range, without
     building the datetime."""
     seconds = now + timeout
+    # (the bounds only near them: years 1 and 9999 are ~6.2e10 s either side of 1970)
+    if -6e10 < seconds < 2.5e11:  # the microseconds as the timedelta counts them: whole
+        whole = int(seconds)  # seconds, the fraction's rounded half to even; then floored
+        return (whole * 1_000_000 + round((seconds - whole) * 1e6)) // 1000
     since_epoch = datetime.timedelta(seconds=seconds)
-    # (the exact bounds only near them: years 1 and 9999 are ~6.2e10 s either side of 1970)
-    if not -6e10 < seconds < 2.5e11 and not _EARLIEST <= since_epoch <= _LATEST:
+    if not _EARLIEST <= since_epoch <= _LATEST:
         raise OverflowError("date value out of range")
     return since_epoch // _ONE_MS
 
 
 _EARLIEST = datetime.datetime.min.replace(tzinfo=datetime.UTC) - _EPOCH
 _LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC) - _EPOCH
+
+
+@functools.lru_cache(maxsize=256)
+def _usual_properties(ttl: int, reply_to: str | None, encoding: Encoding) -> tuple[bytes, ...]:
+    """What ``encode_request`` writes around the ids and the expiry of a usual request (a
+    ulong id of nine bytes, a deadline): the header and the properties' list head, their
+    fields between the ids, and those from the second id to the expiry's value."""
+    address = _address_fields(reply_to)
+    content = (_CONTENT_TYPE_FIELD[encoding] or b"\x40") + b"\x40\x83"
+    fields = 9 + len(address) + 9 + len(content) + 8
+    out = bytearray(_PROPERTIES_HEAD) + bytes(fields)
+    _finish_properties(out, 0, 9)
+    return _header_section(ttl) + out[:-fields], address, content
+
+
+@functools.lru_cache(maxsize=256)
+def _address_fields(reply_to: str | None) -> bytes:
+    """The properties' user-id, to and subject (null) and reply-to, encoded once each."""
+    out = bytearray(b"\x40\x40\x40")
+    if reply_to is None:
+        out.append(0x40)
+    else:
+        encode_string(reply_to, out)
+    return bytes(out)
 
 
 @functools.lru_cache(maxsize=256)
@@ -299,6 +360,80 @@ def parse_request(message: Message, *, now: float) -> Request:
         deadline,
         message,
     )
+
+
+def read_request(payload: bytes) -> Request | None:
+    """The request in ``payload`` if our client wrote it as it writes every call (the usual
+    layout of :mod:`framework.amqp.usual_request`, the operation's application-properties
+    alone, our envelope for a body that holds one), read without building its message; None
+    for anything else, which ``Message.decode`` and :func:`parse_request` read, or refuse, as
+    ever. What it returns is what they return for the same bytes: a service reads a request
+    per call, and the message most handlers never look at was most of the work."""
+    usual = read_usual(payload) if type(payload) is bytes else None
+    if usual is None or usual.content_type != ENVELOPE:
+        return None
+    at = usual.sections + 3  # the application-properties' map
+    try:
+        if not payload.startswith(b"\x00\x53\x74\xc1", usual.sections):
+            return None
+        end = at + 2 + payload[at + 1]
+        operation = _OPERATIONS.get(payload[at:end]) or _operation_named(payload, at, end)
+        if operation is None or not payload.startswith(b"\x00\x53\x75", end):
+            return None
+        start = _binary_to_end(payload, end + 3)
+        if start is None:
+            return None
+        value = msgpack_loads(payload[start:], MAX_ELEMENTS)
+        args, kwargs = split_arguments(value, Encoding.ENVELOPE)
+    except (IndexError, PayloadError):
+        return None
+    deadline = usual.expiry_ms / 1000  # (what the datetime's total_seconds() would give)
+    return Request(
+        operation,
+        args,
+        kwargs,
+        usual.message_id,
+        usual.reply_to,
+        Encoding.ENVELOPE,
+        deadline,
+        payload,
+    )
+
+
+_OPERATIONS: dict[bytes, str] = {}
+"""The operation named by the bytes of an application-properties map that names only it: a
+service is called by a handful of names, each decoded once (cleared when full)."""
+
+
+def _operation_named(payload: bytes, at: int, end: int) -> str | None:
+    """The operation of the application-properties map at ``at`` (ending at ``end``) if it
+    names that alone, as a string, remembered by the map's bytes; else None."""
+    try:
+        app, pos = decode_from(payload, at)
+    except DecodeError:
+        return None
+    if pos != end or len(app) != 1:
+        return None
+    ((key, operation),) = app.items()
+    if type(key) is not str or key != OPERATION or type(operation) is not str or not operation:
+        return None
+    if len(_OPERATIONS) >= 256:
+        _OPERATIONS.clear()
+    _OPERATIONS[payload[at:end]] = operation
+    return operation
+
+
+def _binary_to_end(payload: bytes, pos: int) -> int | None:
+    """Where the bytes of the binary at ``pos`` begin, if they end ``payload``; else None."""
+    if payload[pos] == 0xA0:
+        start = pos + 2
+        size = payload[pos + 1]
+    elif payload[pos] == 0xB0:
+        start = pos + 5
+        size = _U_I(payload, pos + 1)[0]
+    else:
+        return None
+    return start if start + size == len(payload) else None
 
 
 def _reply(request: Request, to: str | None, status: int, description: str) -> Message:
@@ -409,17 +544,10 @@ def read_reply(payload: bytes) -> tuple[Any, Any] | None:
             _MSGPACK_OK_TAIL, pos
         ):
             return None
-        if payload[tail] == 0xA0:
-            start = tail + 2
-            size = payload[tail + 1]
-        elif payload[tail] == 0xB0:
-            start = tail + 5
-            size = _U_I(payload, tail + 1)[0]
-        else:
+        body = _binary_to_end(payload, tail)
+        if body is None:
             return None
-        if start + size != len(payload):
-            return None
-        return correlation_id, msgpack_loads(payload[start:], MAX_ELEMENTS)
+        return correlation_id, msgpack_loads(payload[body:], MAX_ELEMENTS)
     except (IndexError, struct.error, UnicodeDecodeError, PayloadError):
         return None
 

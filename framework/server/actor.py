@@ -166,27 +166,19 @@ class Actor:
         self.mailbox.arrived(origin)
         if self.observer is not None:
             self.observer.arrived(delivery)
-        try:
-            message = Message.decode(payload)
-        except ProtocolError as exc:
-            self._undecodable(origin, delivery, payload, exc)
-            return
-        route = origin.route_for(message)
-        if route is None:
-            self._refuse(origin, delivery, message, *origin.why_unroutable(message))
-            return
         now = deadline.wall_time()
-        try:
-            request = parse_request(message, now=now)
-        except CallError as exc:
-            request = bare_request(message)
-            self.respond(route, origin, delivery, request, exc.status, exc.description)
-            return
-        except Exception as exc:  # a field of a type the conventions do not foresee
-            request = bare_request(message)
-            why = f"malformed request: {exc!r}"
-            self.respond(route, origin, delivery, request, BAD_REQUEST, why)
-            return
+        request = wire.read_request(payload)  # the usual request, read without its message
+        if request is not None:
+            route = origin.route_for(request.reply_to)
+            if route is None:
+                unroutable = origin.why_unroutable(request.reply_to)
+                self._refuse(origin, delivery, request.message, *unroutable)
+                return
+        else:
+            parsed = self._parse(origin, delivery, payload, now)
+            if parsed is None:
+                return
+            route, request = parsed
         operation = self.operations.get(request.operation)
         if operation is None:
             # not the address: a gateway may have given this service another name (LP-11)
@@ -205,8 +197,8 @@ class Actor:
                 return
             args, kwargs = request.args, request.kwargs
             call = Call(operation, args, kwargs, request, route, origin, delivery, self.address)
-            app = message.application_properties
-            if self.tracer is not None or (app and TRACEPARENT in app):
+            app = request.application_properties
+            if self.tracer is not None or TRACEPARENT in app:
                 call.trace_scope = spans.server_scope(
                     self.tracer, self.address, operation.name, app
                 )
@@ -226,6 +218,30 @@ class Actor:
             else:
                 self.mailbox.enqueue(origin, call)
                 self._take_queued()
+
+    def _parse(
+        self, origin: Origin, delivery: Delivery, payload: bytes, now: float
+    ) -> tuple[Route, Request] | None:
+        """Any other request, by the general path: its route and what it asks; None when it
+        has been answered already (undecodable, unroutable, malformed)."""
+        try:
+            message = Message.decode(payload)
+        except ProtocolError as exc:
+            self._undecodable(origin, delivery, payload, exc)
+            return None
+        reply_to = message.properties.reply_to if message.properties else None
+        route = origin.route_for(reply_to)
+        if route is None:
+            self._refuse(origin, delivery, message, *origin.why_unroutable(reply_to))
+            return None
+        try:
+            return route, parse_request(message, now=now)
+        except CallError as exc:
+            status, why = exc.status, exc.description
+        except Exception as exc:  # a field of a type the conventions do not foresee
+            status, why = BAD_REQUEST, f"malformed request: {exc!r}"
+        self.respond(route, origin, delivery, bare_request(message), status, why)
+        return None
 
     def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
         """True if ``call`` repeats a tracked id: answered from the store, or parked behind
@@ -256,7 +272,9 @@ class Actor:
             head = decode_head(payload)
         except ProtocolError:
             head = None
-        route = origin.route_for(head) if head is not None else None
+        route = None
+        if head is not None:
+            route = origin.route_for(head.properties.reply_to if head.properties else None)
         if head is not None and route is not None:
             self.respond(route, origin, delivery, bare_request(head), BAD_REQUEST, why)
         elif delivery.remote_settled:

@@ -52,7 +52,7 @@ import attrs
 
 from framework.amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
 from framework.amqp.link import Delivery, Link
-from framework.amqp.messaging import Error, Message
+from framework.amqp.messaging import Error
 from framework.amqp.performatives import (
     RCV_FIRST,
     ROLE_RECEIVER,
@@ -124,10 +124,9 @@ class RequestLink(LinkOwner):
         if self.end.usable:
             self.end.conn.settle(delivery, state)
 
-    def route_for(self, message: Message) -> ReplyLink | None:
-        """Where the reply to ``message`` goes (LP-8), or None if nowhere."""
-        # typed str, but decoded as whatever the peer put there
-        reply_to: object = message.properties.reply_to if message.properties else None
+    def route_for(self, reply_to: object) -> ReplyLink | None:
+        """Where the reply to a request with this ``reply-to`` goes (LP-8), or None if
+        nowhere. (Typed ``str`` in a message, but decoded as whatever the peer put there.)"""
         if reply_to == ME:
             pair = self.pair
             return pair if pair is not None and pair.end.usable else None
@@ -136,9 +135,7 @@ class RequestLink(LinkOwner):
         route = self.peer.routes.get(reply_to)
         return route if route is not None and route.end.usable else None
 
-    def why_unroutable(self, message: Message) -> tuple[str, str]:
-        # typed str, but decoded as whatever the peer put there
-        reply_to: object = message.properties.reply_to if message.properties else None
+    def why_unroutable(self, reply_to: object) -> tuple[str, str]:
         if reply_to is None:
             return INVALID_FIELD, "the request has no reply-to"
         if not isinstance(reply_to, str):
