@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 from typing import Any
@@ -15,7 +16,14 @@ from hypothesis import strategies as st
 from framework.amqp.messaging import Header, Message, Properties
 from framework.amqp.types import ULong
 from framework.errors import RemoteError
-from framework.rpc.payload import Encoding, PayloadError, decode_value, set_body, split_arguments
+from framework.rpc.payload import (
+    Encoding,
+    PayloadError,
+    decode_value,
+    encoded_body,
+    set_body,
+    split_arguments,
+)
 from framework.rpc.wire import (
     BAD_REQUEST,
     ERROR_TYPE,
@@ -326,3 +334,27 @@ def test_deadlines_near_the_datetime_bounds_encode_or_fail_as_the_message_does(
     ours = outcome(lambda: encode_request("op", (), {}, **options))
     theirs = outcome(lambda: request_message("op", (), {}, **options).encode())
     assert ours == theirs
+
+
+def test_a_value_that_does_not_pack_leaves_nothing_behind_for_the_next() -> None:
+    """Each thread packs with one reused packer: a value that fails half-way (a 400 or 500
+    for its call) must not leave bytes in it for the next call's value."""
+    good = [[b"\x00" * 64, "é"], {"k": None}]
+    unpackable: list[Any] = [[1, 2, object()], [b"x" * 100, 2**70], {"a": {1: set()}}]
+    for bad in unpackable:
+        with pytest.raises(PayloadError):
+            encoded_body(bad, Encoding.MSGPACK)
+        assert encoded_body(good, Encoding.MSGPACK)[0] == msgpack.packb(good, use_bin_type=True)
+
+
+def test_threads_packing_at_once_each_get_their_own_bytes() -> None:
+    def pack_many(n: int) -> list[bool]:
+        values = [[n, i, b"y" * (i % 300)] for i in range(2000)]
+        return [
+            encoded_body(v, Encoding.MSGPACK)[0] == msgpack.packb(v, use_bin_type=True)
+            for v in values
+        ]
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(pack_many, range(8)))
+    assert all(all(r) for r in results) and len(results) == 8

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 from typing import Any
 
 import msgpack
@@ -52,9 +53,19 @@ class PayloadError(ValueError):
     """A body that cannot be decoded as its content type says (a 400 for the caller)."""
 
 
+_packers = threading.local()
+"""Each thread's ``msgpack.Packer``: ``packb`` builds one per call, which cost more than the
+packing of a call's usual value. A packer clears its buffer after a value and after a failure,
+so one per thread (an event loop's, each handler thread's) packs every value."""
+
+
 def _msgpack_dumps(value: Any) -> bytes:
     try:
-        return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        return packer.pack(value)  # type: ignore[no-any-return]
     except (TypeError, ValueError, OverflowError) as exc:
         raise PayloadError(f"cannot encode {type(value).__name__} as msgpack: {exc}") from exc
 
