@@ -7,7 +7,10 @@ config generated for the round) and the client is a process of its own, started 
 every round; the driver, phases and figures are :mod:`benchmarks.rpc`'s (100 calls in flight
 for ``--duration`` seconds, then sequential calls for p50/p99; CPU per call of each process).
 The two paths alternate, the order swapping every round; the table gives the medians, and the
-last line is the ratio of the median throughputs, through gateways over direct.
+last line is the ratio of the median throughputs, through gateways over direct; the line before
+it, the most that ratio can be when the processes' CPU per call is all that limits them
+(:func:`cpu_bound`): it falls as the client and service get cheaper, the gateways costing the
+same.
 
 ``--profile`` adds one round through the gateways with GN and GO under cProfile during the
 throughput window, and prints where each gateway's time per call goes (what a relay spends on a
@@ -128,6 +131,16 @@ COLUMNS = [
 ]
 
 
+def cpu_bound(rounds: list[dict[str, float]], cores: int) -> float:
+    """The calls/s a path's processes would reach if CPU were all that held them back, from
+    their median CPU per call: each at most one core (none runs Python on more), all of them
+    together at most ``cores``. Through gateways four processes share what two use direct, so
+    the ratio of these bounds is the most the throughput ratio can be on this machine."""
+    costs = [median(rounds, key) for key, _, _ in COLUMNS[3:]]
+    costs = [cost for cost in costs if not math.isnan(cost)]  # (direct: no GN, GO)
+    return min(cores / sum(costs), 1 / max(costs)) * 1e6
+
+
 def print_table(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
     print()
     print(
@@ -210,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{time.monotonic() - started:.0f} s in all")
     direct, gateways = results["direct"], results["gateways"]
     if direct and gateways:
+        cores = len(os.sched_getaffinity(0))
+        allowed = cpu_bound(gateways, cores) / cpu_bound(direct, cores)
+        print(f"gateway throughput ratio the CPU allows ({cores} cores): {allowed:.2f}")
         ratio = median(gateways, "throughput") / median(direct, "throughput")
         print(f"gateway throughput ratio vs direct: {ratio:.2f}")
     else:
