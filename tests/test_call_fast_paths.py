@@ -181,6 +181,17 @@ def test_other_requests_are_left_to_the_general_path(why: str, options: Any) -> 
     assert _general_request(payload) is not None
 
 
+@pytest.mark.parametrize("cut", range(1, 5))
+def test_a_body_cut_inside_its_size_is_left_to_the_general_path(cut: int) -> None:
+    """A data section whose four-byte size is cut short: refused by the general path (a 400
+    for the caller), never an exception out of the fast one."""
+    payload = wire.encode_request("echo", (b"x" * 300,), {}, message_id=1, now=NOW, timeout=30.0)
+    at = payload.rindex(b"\x00\x53\x75\xb0") + 4  # the body's vbin32 size
+    damaged = payload[: at + 4 - cut]
+    assert wire.read_request(damaged) is None
+    assert _general_request(damaged) is None
+
+
 def test_an_envelope_that_is_not_one_is_left_to_the_general_path() -> None:
     """A body the general path answers with a 400: the fast path must not read it."""
     payload = wire.encode_request("echo", (1,), {}, message_id=1, now=NOW, timeout=30.0)

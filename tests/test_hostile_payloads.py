@@ -15,7 +15,7 @@ from framework.amqp.messaging import Message, Properties
 from framework.amqp.performatives import ROLE_SENDER, Detach, Transfer
 from framework.amqp.types import ULong
 from framework.io.limits import Limits
-from framework.rpc import wire
+from framework.rpc import deadline, wire
 from tests.service_peers import app_property, raw_client, status
 
 LINKS = 8
@@ -127,3 +127,24 @@ async def test_a_presettled_decode_bomb_with_no_reply_path_detaches_its_link() -
         (detach,) = raw.of(Detach)
         assert detach.error is not None
         assert detach.error.condition == errors.DECODE_ERROR
+
+
+async def test_a_request_in_our_layout_cut_short_is_a_400_and_the_connection_lives() -> None:
+    """Our client's own request bytes, the body's four-byte size cut short: the fast reader
+    steps aside and the general path answers 400 on the reply path; the same connection then
+    serves the next call."""
+    async with (
+        open_server(Svc, listen="amqp://127.0.0.1:0") as server,
+        raw_client(server.url) as raw,
+    ):
+        sender, _receiver = raw.pair("svc")
+        now = deadline.wall_time()
+        whole = wire.encode_request("echo", (b"x" * 300,), {}, message_id=7, now=now, timeout=20)
+        cut = whole[: whole.rindex(b"\x00\x53\x75\xb0") + 6]  # two bytes of its size
+        raw.send(sender, cut)
+        reply = await raw.wait_reply(7)
+        assert status(reply) == wire.BAD_REQUEST
+        raw.send(
+            sender, wire.encode_request("echo", ("ok",), {}, message_id=8, now=now, timeout=20)
+        )
+        assert wire.parse_reply(await raw.wait_reply(8)) == "ok"

@@ -292,9 +292,8 @@ class Client:
         goes again on a new pair (LP-10)."""
         now = self.clock.current_time()
         deadline_at = self._deadline_at(address, operation, timeout, now)
-        conn = self._conn
-        pair = conn.pairs.get(address) if conn is not None and conn.alive else None
-        if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
+        pair = self._ready_pair(address)
+        if pair is None:  # not the usual case: set-up to wait for
             pair = await self._pair_by(address, operation, deadline_at)
             now = self.clock.current_time()
         call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
@@ -383,9 +382,8 @@ class Client:
     ) -> T:
         """``exchange`` on the pair for ``address``, set up first if need be, and once more
         on a new pair if the service had no room for it at once (LP-10)."""
-        conn = self._conn
-        pair = conn.pairs.get(address) if conn is not None and conn.alive else None
-        if pair is None or not pair.ready.is_set():  # not the usual case: set-up to wait for
+        pair = self._ready_pair(address)
+        if pair is None:  # not the usual case: set-up to wait for
             pair = await self._pair_by(address, label, deadline_at)
         try:
             return await exchange(pair)
@@ -393,6 +391,13 @@ class Client:
             if not pair.had_no_room(exc):
                 raise
         return await exchange(await self._pair_again(pair, address, label, deadline_at))
+
+    def _ready_pair(self, address: str) -> CallPair | None:
+        """The pair for ``address`` if it is set up and its connection alive (the usual
+        case); None: it is to be set up, or waited for."""
+        conn = self._conn
+        pair = conn.pairs.get(address) if conn is not None and conn.alive else None
+        return pair if pair is not None and pair.ready.is_set() else None
 
     async def _pair_again(
         self, pair: CallPair, address: str, label: str, deadline_at: float

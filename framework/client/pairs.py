@@ -275,14 +275,14 @@ class CallPair(LinkOwner):
             message = self._encode_call(
                 call_id, operation, args, kwargs, deadline_at, now, encoding, tracing.outgoing()
             )
-            return _call_value(
+            return _result(
                 *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
             )
         with spans.client_span(tracer, self.address, operation) as headers:
             message = self._encode_call(
                 call_id, operation, args, kwargs, deadline_at, now, encoding, headers
             )
-            return _call_value(
+            return _result(
                 *await self.exchange(call_id, message, deadline_at, settled, operation, quick=True)
             )
 
@@ -515,7 +515,7 @@ class CallPair(LinkOwner):
                 end.detach(detach_with)
 
 
-def _call_value(call: Call, outcome: Any) -> Any:
+def _result(call: Call, outcome: Any) -> Any:
     """A call's value: its reply's, once the request's outcome says it was taken."""
     if outcome is not None:
         wire.raise_for_outcome(outcome)

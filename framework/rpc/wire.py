@@ -385,7 +385,7 @@ def read_request(payload: bytes) -> Request | None:
             return None
         value = msgpack_loads(payload[start:], MAX_ELEMENTS)
         args, kwargs = split_arguments(value, Encoding.ENVELOPE)
-    except (IndexError, PayloadError):
+    except (IndexError, struct.error, PayloadError):
         return None
     deadline = usual.expiry_ms / 1000  # (what the datetime's total_seconds() would give)
     return Request(
