@@ -117,5 +117,5 @@ $(FUZZ_STAMP): $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis \
-		.import_linter_cache $(RHEA_DIR)/node_modules
+		.import_linter_cache $(RHEA_DIR)/node_modules framework/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -34,12 +34,12 @@ from typing import Any
 
 import proton
 
-from framework.amqp.events import LinkAttachRequested, MessageReceived
-from framework.amqp.framing import FrameReader, encode_frame
-from framework.amqp.messaging import Message, Properties, Source, Target
-from framework.amqp.performatives import ROLE_SENDER, SND_SETTLED, Transfer
-from framework.amqp.testing import engine_pair, pump
-from framework.amqp.types import Symbol
+from pairlink._amqp.events import LinkAttachRequested, MessageReceived
+from pairlink._amqp.framing import FrameReader, encode_frame
+from pairlink._amqp.messaging import Message, Properties, Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, SND_SETTLED, Transfer
+from pairlink._amqp.testing import engine_pair, pump
+from pairlink._amqp.types import Symbol
 
 BODY = bytes(range(64))
 OPERATION = "add"

@@ -4,7 +4,7 @@ Each call sends a 64-byte payload and gets it back. Server and client of a stack
 processes of their own (:mod:`benchmarks.rpc_stacks`) on 127.0.0.1 (the servers bind port 0)
 and are started afresh for every round:
 
-- pairlink: ``framework.serve`` of ``services/echo.py``, ``framework.connect``
+- pairlink: ``pairlink.serve`` of ``services/echo.py``, ``pairlink.connect``
   calling ``echo.echo(payload)`` over one paired link;
 - proton: a ``Container`` with a ``MessagingHandler`` on each side, direct (no broker): the client
   sends pre-settled requests to ``echo`` and receives the replies on a dynamic reply address;

@@ -138,7 +138,7 @@ _PAIRLINK_LISTEN = "amqp://127.0.0.1:0"
 def serve_pairlink(control: ServerControl) -> None:
     import trio
 
-    from framework import serve
+    from pairlink import serve
     from services.echo import Echo
 
     async def main() -> None:
@@ -339,7 +339,7 @@ async def _asyncio_run_all(workers: list[Callable[[], Awaitable[None]]]) -> None
 def client_pairlink(phases: Phases, port: int) -> None:
     import trio
 
-    from framework.client.client import connect
+    from pairlink import connect
 
     async def main() -> None:
         async with connect(f"amqp://127.0.0.1:{port}") as conn:

@@ -8,7 +8,7 @@ its own on 127.0.0.1 (port 0) for the whole run. Each round measures, in an orde
 - spark: ``call_service(key="id", in_flight=200)`` over ``--rows`` rows in ``--partitions``
   partitions from ``local[2]``, the action a ``noop`` write (every row computed, nothing kept);
 - blocking: what a PySpark user writes without ``call_service``, a ``mapInPandas`` whose task
-  opens one blocking client (``framework.client.blocking``) and makes its rows' calls one at a
+  opens one blocking client (``pairlink._client.blocking``) and makes its rows' calls one at a
   time, over the same rows, partitions, columns, message-ids and ``noop`` write as spark;
 - per-row: the naive approach, a Spark job whose tasks open a new blocking connection and make
   one call for every row, on a sample of ``--sample`` rows (it is slow: it measures mostly
@@ -59,7 +59,7 @@ def text(row: int) -> str:
 
 def serve_child() -> None:
     """The service process: prints its URL, serves until its stdin closes."""
-    from framework import open_server
+    from pairlink import open_server
     from services.enrich import Enrich
 
     async def main() -> None:
@@ -72,7 +72,7 @@ def serve_child() -> None:
 
 def ceiling_child(url: str, rows: int) -> None:
     """The single-process client: ``rows`` calls, ``IN_FLIGHT`` at a time; prints rows/s."""
-    from framework.client.client import Client, connect
+    from pairlink import Client, connect
 
     run = uuid.uuid4().hex
 
@@ -120,7 +120,7 @@ def answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def per_row_calls(url: str, rows: Iterable[Any]) -> Iterator[Any]:
     """A Spark task the naive way: a new blocking connection and one call for every row."""
-    from framework.client import blocking
+    from pairlink import blocking
 
     for row in rows:
         with blocking.connect(url) as client:
@@ -130,7 +130,7 @@ def per_row_calls(url: str, rows: Iterable[Any]) -> Iterator[Any]:
 def blocking_calls(url: str, run: str, batches: Iterable[Any]) -> Iterator[Any]:
     """A ``mapInPandas`` task as a user writes it: one blocking client for the partition, one
     call per row, waiting for each reply before the next call."""
-    from framework.client import blocking
+    from pairlink import blocking
 
     with blocking.connect(url) as client:
         for batch in batches:
@@ -147,7 +147,7 @@ def blocking_calls(url: str, run: str, batches: Iterable[Any]) -> Iterator[Any]:
 def enriched(spark: Any, url: str, kind: str, rows: int, partitions: int) -> Any:
     """The DataFrame ``kind`` ("spark" or "blocking") computes: ``rows`` rows in ``partitions``
     partitions, with their ``score`` and ``label`` columns."""
-    from framework.spark import call_service
+    from pairlink.spark import call_service
 
     df = spark.range(rows, numPartitions=partitions).selectExpr(
         "id", f"concat('{TEXT} ', id) as text"
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.rows, args.sample = 1, 20_000, 200
 
-    from framework.spark import local_session
+    from pairlink.spark import local_session
 
     server = child(["--child", "serve"])
     try:

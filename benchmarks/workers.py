@@ -74,7 +74,7 @@ def served(workers: int) -> Iterator[tuple[int, list[int]]]:
     log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
     argv = ["serve", "services.echo", "--listen", "amqp://127.0.0.1:0", "--workers", str(workers)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "framework", *argv, "--log-level", "info"],
+        [sys.executable, "-m", "pairlink", *argv, "--log-level", "info"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=log,
@@ -166,7 +166,7 @@ def run_round(setting: str, args: argparse.Namespace) -> dict[str, Any]:
 def client_main(args: argparse.Namespace) -> None:
     import trio
 
-    from framework.client.client import connect
+    from pairlink import connect
 
     ctl = Control()
     port = ctl.receive()["port"]

@@ -11,7 +11,7 @@ import time
 
 import trio
 
-from framework import RemoteError, connect, handler, open_server, service
+from pairlink import RemoteError, connect, handler, open_server, service
 
 
 @service("calc", max_concurrency=8)

@@ -21,8 +21,8 @@ from typing import Any
 import structlog
 import trio
 
-from framework import hosted, open_server
-from framework.gateway import GatewayConfig, Route, open_gateway
+from pairlink import hosted, open_server
+from pairlink.gateway import GatewayConfig, Route, open_gateway
 
 START_TIMEOUT = 60.0
 

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import trio
 
-from framework import (
+from pairlink import (
     AuthenticationError,
     Client,
     LinkDetachedError,

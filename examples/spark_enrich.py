@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import structlog
 
 from examples.org_chain import org_chain
-from framework.spark import Progress, call_service, local_session, serve_in_thread
+from pairlink.spark import Progress, call_service, local_session, serve_in_thread
 from services.enrich import LEXICON, Enrich
 
 WORDS = (

@@ -1,7 +1,7 @@
 """Coverage-guided fuzzing of pairlink with atheris: ``make fuzz`` (see fuzz/README.md).
 
 Only paths here: this package is imported before the fuzzer's instrumentation hook is in
-place, so it must not import the framework.
+place, so it must not import pairlink.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 TARGET is ``engine``, ``container`` or ``gateway`` (``fuzz.targets``). Everything after it
 goes to libFuzzer: corpus folders to grow, or input files to run once (reproducing a crasher);
 ``-max_total_time=N``, ``-timeout=1``, ``-minimize_crash=1`` and the rest work as usual.
-Only ``framework`` and ``services`` are instrumented: coverage of Trio or the standard library
+Only ``pairlink`` and ``services`` are instrumented: coverage of Trio or the standard library
 would only steer the fuzzer away from ours.
 """
 
@@ -25,8 +25,8 @@ def main() -> None:
         names = ",".join(TARGET_NAMES)
         sys.exit(f"usage: python -m fuzz.fuzzer {{{names}}} [libFuzzer options]")
     name = sys.argv[1]
-    # the framework is imported here, inside the hook that instruments it, and not before
-    with atheris.instrument_imports(include=["framework", "services"]):
+    # pairlink is imported here, inside the hook that instruments it, and not before
+    with atheris.instrument_imports(include=["pairlink", "services"]):
         from fuzz.targets import TARGETS
     target = TARGETS[name]
 

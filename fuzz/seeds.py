@@ -4,7 +4,7 @@
 
 Two kinds of source, both real frames:
 
-* our own client (``framework.client.client``) and Qpid Proton's ``BlockingConnection``, recorded
+* our own client (``pairlink._client.client``) and Qpid Proton's ``BlockingConnection``, recorded
   through a TCP tap in front of a real echo container (and, for the gateway, in front of a
   real gateway routing to it), whole (stage RAW) and cut after SASL and after the open;
 * scripted sessions of a client engine (``fuzz.targets.ScriptedPeer``) that reach what the
@@ -30,16 +30,6 @@ import trio
 from proton import Message as ProtonMessage
 from proton.utils import BlockingConnection
 
-from framework import Client, connect, open_server
-from framework.amqp.events import MessageReceived
-from framework.amqp.framing import AMQP_HEADER
-from framework.amqp.messaging import Accepted, Source, Target
-from framework.amqp.performatives import RCV_SECOND, ROLE_RECEIVER, ROLE_SENDER, SND_UNSETTLED
-from framework.errors import RemoteError
-from framework.gateway import open_gateway
-from framework.rpc.linkpair import paired_properties
-from framework.rpc.payload import Encoding
-from framework.rpc.wire import encode_request, request_message
 from fuzz import seed_folder
 from fuzz.targets import (
     CONTAINER_ID,
@@ -53,6 +43,16 @@ from fuzz.targets import (
     Stage,
     gateway_config,
 )
+from pairlink import Client, connect, open_server
+from pairlink._amqp.events import MessageReceived
+from pairlink._amqp.framing import AMQP_HEADER
+from pairlink._amqp.messaging import Accepted, Source, Target
+from pairlink._amqp.performatives import RCV_SECOND, ROLE_RECEIVER, ROLE_SENDER, SND_UNSETTLED
+from pairlink._rpc.linkpair import paired_properties
+from pairlink._rpc.payload import Encoding
+from pairlink._rpc.wire import encode_request, request_message
+from pairlink.errors import RemoteError
+from pairlink.gateway import open_gateway
 from services.echo import Echo
 
 Seeds = dict[str, bytes]

@@ -41,10 +41,10 @@ import structlog
 import trio
 import trio.testing
 
-from framework import open_server
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.errors import INTERNAL_ERROR
-from framework.amqp.events import (
+from pairlink import open_server
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.errors import INTERNAL_ERROR
+from pairlink._amqp.events import (
     DeliveryUpdated,
     Event,
     LinkAttachRequested,
@@ -52,17 +52,17 @@ from framework.amqp.events import (
     MessageReceived,
     ProtocolViolation,
 )
-from framework.amqp.framing import AMQP_HEADER, FrameReader
-from framework.amqp.link import Link, LinkState
-from framework.amqp.messaging import Accepted, Error, Message, Source, Target
-from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Close, Detach, End, Transfer
-from framework.amqp.sasl import SaslClient, SaslServer
-from framework.amqp.session import Session, SessionState
-from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
-from framework.gateway.upstream import UpstreamUnavailable
-from framework.io.connection import OnAttach
-from framework.io.net import open_connection
-from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from pairlink._amqp.framing import AMQP_HEADER, FrameReader
+from pairlink._amqp.link import Link, LinkState
+from pairlink._amqp.messaging import Accepted, Error, Message, Source, Target
+from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Close, Detach, End, Transfer
+from pairlink._amqp.sasl import SaslClient, SaslServer
+from pairlink._amqp.session import Session, SessionState
+from pairlink._gateway.upstream import UpstreamUnavailable
+from pairlink._io.connection import OnAttach
+from pairlink._io.net import open_connection
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from pairlink.gateway import Gateway, GatewayConfig, Route, open_gateway
 from services.echo import Echo
 
 SERVICE = "echo"
@@ -82,7 +82,7 @@ SEND_BUDGET = 16
 """Messages the engine harness sends on the peer's receiving links, per input: enough for
 credit, drain and disposition paths, few enough to keep an input fast."""
 CONTAINER_IDLE = 60.0
-"""The idle timeout a service listener runs with by default (``framework.io.listener.listen``)."""
+"""The idle timeout a service listener runs with by default (``pairlink._io.listener.listen``)."""
 GATEWAY_IDLE = 30.0
 """The idle timeout of the fuzzed gateway: the default of ``GatewayConfig``."""
 GRACE = 10.0

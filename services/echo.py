@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from framework import handler, service
+from pairlink import handler, service
 
 
 @service("echo", max_concurrency=64)
@@ -24,7 +24,7 @@ class Echo:
     @handler(inline=True)
     def echo(self, x: Any) -> Any:
         # inline: it runs on the event loop as soon as the request is read, without a thread
-        # or a task switch (framework.server.actor); right for a handler that never blocks
+        # or a task switch (pairlink._server.actor); right for a handler that never blocks
         return x
 
     @handler

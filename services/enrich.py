@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-from framework import handler, service
+from pairlink import handler, service
 
 _WORD = re.compile(r"[a-z']+")
 _NEGATORS = frozenset({"not", "no", "never", "hardly", "isn't", "wasn't", "don't", "didn't"})

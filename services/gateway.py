@@ -2,9 +2,9 @@
 
 ``pairlink gateway --config gn.toml`` is the command; this is the same gateway inside your own
 Trio program: ``await serve_gateway("gn.toml")`` (or ``nursery.start(serve_gateway, path)``,
-which returns the running :class:`~framework.gateway.Gateway` once it listens) runs until
+which returns the running :class:`~pairlink.gateway.Gateway` once it listens) runs until
 cancelled, and ``main("gn.toml")`` runs it as the whole program until Ctrl-C. The config is read
-(and refused with a :class:`~framework.gateway.ConfigError` naming the line and key) before
+(and refused with a :class:`~pairlink.errors.ConfigError` naming the line and key) before
 anything listens; passwords come from the environment variables it names, or ``environ``.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import trio
 
-from framework.gateway import Gateway, load_config, run_gateway
+from pairlink.gateway import Gateway, load_config, run_gateway
 
 
 async def serve_gateway(

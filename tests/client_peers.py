@@ -16,14 +16,14 @@ import attrs
 import trio
 from proton import Message as ProtonMessage
 
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.events import Event, LinkAttachRequested, MessageReceived
-from framework.amqp.framing import FrameReader
-from framework.amqp.link import Delivery, Link
-from framework.amqp.messaging import Accepted, Message
-from framework.amqp.performatives import ROLE_SENDER, Attach, Transfer
-from framework.rpc import deadline, wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.events import Event, LinkAttachRequested, MessageReceived
+from pairlink._amqp.framing import FrameReader
+from pairlink._amqp.link import Delivery, Link
+from pairlink._amqp.messaging import Accepted, Message
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Transfer
+from pairlink._rpc import deadline, wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0
 
 
 @attrs.define(eq=False)

@@ -23,7 +23,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework.rpc import deadline, wire
+from pairlink._rpc import deadline, wire
 from tests.interop.proton_server import prepare_cyrus
 from tests.tls import TlsFiles, make_tls_files
 
@@ -105,7 +105,7 @@ on their way through the loopback are never overtaken by a jump, short enough to
 
 
 def _deadlines_follow(clock: trio.testing.MockClock) -> Iterator[trio.testing.MockClock]:
-    """``clock``, with the wall clock of deadlines (``framework.rpc.deadline``) reading it."""
+    """``clock``, with the wall clock of deadlines (``pairlink._rpc.deadline``) reading it."""
     with deadline.wall_clock(lambda: WALL_EPOCH + clock.current_time()):
         yield clock
 
@@ -134,7 +134,7 @@ def io_clock() -> Iterator[trio.testing.MockClock]:
 @pytest.fixture
 def fast_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[bool]]:
     """``fast_reads("read_request")``: from then on, whether each read by that fast-path
-    reader of ``framework.rpc.wire`` took its message (True) or left it to the general path."""
+    reader of ``pairlink._rpc.wire`` took its message (True) or left it to the general path."""
 
     def track(name: str) -> list[bool]:
         read: list[bool] = []

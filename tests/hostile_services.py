@@ -1,11 +1,11 @@
-"""Services the hostile-peer tests serve in a child process (``python -m framework serve
+"""Services the hostile-peer tests serve in a child process (``python -m pairlink serve
 tests.hostile_services:...``), so the server's memory can be read from ``/proc``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from framework import handler, service
+from pairlink import handler, service
 
 
 @service("bigbox", max_concurrency=64, mailbox=50_000)

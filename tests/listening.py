@@ -8,10 +8,10 @@ from collections.abc import Callable
 
 import attrs
 
-from framework.amqp.errors import NOT_ALLOWED
-from framework.amqp.link import Link
-from framework.amqp.messaging import Error
-from framework.io.connection import AmqpConnection, OnAttach
+from pairlink._amqp.errors import NOT_ALLOWED
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Error
+from pairlink._io.connection import AmqpConnection, OnAttach
 
 
 @attrs.frozen

@@ -14,12 +14,12 @@ from typing import Any
 
 import trio
 
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.events import Event, LinkAttached, MessageReceived
-from framework.amqp.framing import FRAME_AMQP, FRAME_SASL, FrameReader
-from framework.amqp.link import Delivery, Link
-from framework.amqp.messaging import Message, Source, Target
-from framework.amqp.performatives import (
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.events import Event, LinkAttached, MessageReceived
+from pairlink._amqp.framing import FRAME_AMQP, FRAME_SASL, FrameReader
+from pairlink._amqp.link import Delivery, Link
+from pairlink._amqp.messaging import Message, Source, Target
+from pairlink._amqp.performatives import (
     RCV_FIRST,
     ROLE_RECEIVER,
     ROLE_SENDER,
@@ -31,11 +31,11 @@ from framework.amqp.performatives import (
     SaslOutcome,
     Transfer,
 )
-from framework.amqp.sasl import SaslClient
-from framework.amqp.session import Session
-from framework.rpc import deadline, wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
-from framework.rpc.payload import Encoding
+from pairlink._amqp.sasl import SaslClient
+from pairlink._amqp.session import Session
+from pairlink._rpc import deadline, wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from pairlink._rpc.payload import Encoding
 
 TIMEOUT = 2.0
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from framework.io.backoff import jittered_backoff
+from pairlink._io.backoff import jittered_backoff
 
 
 def test_backoff_is_exponential_capped_and_jittered() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework import connect
+from pairlink import connect
 from tests.service_peers import raw_client
 from tests.test_client_cli import Served, restore_logging  # noqa: F401 - autouse fixture
 

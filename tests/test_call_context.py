@@ -1,4 +1,4 @@
-"""A handler's view of its call (``framework.current_call``), over real TCP: what it reads is
+"""A handler's view of its call (``pairlink.current_call``), over real TCP: what it reads is
 what the caller sent and who the caller is, for ``async def``, inline and thread-run ``def``
 handlers alike; what it adds to ``reply_properties`` reaches the caller beside the status."""
 
@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import trio
 
-from framework import CallContext, Reply, connect, current_call, handler, open_server, service
-from framework.rpc import deadline, wire
+from pairlink import CallContext, Reply, connect, current_call, handler, open_server, service
+from pairlink._rpc import deadline, wire
+from pairlink.errors import CallError
 
 
 def _seen(*, fail: bool = False) -> dict[str, Any]:
@@ -23,7 +24,7 @@ def _seen(*, fail: bool = False) -> dict[str, Any]:
     call.reply_properties["seen-by"] = "handler"
     call.reply_properties[wire.STATUS_CODE] = 999
     if fail:
-        raise wire.CallError(409, "conflict")
+        raise CallError(409, "conflict")
     return {
         "message_id": call.message_id,
         "user": call.user,

@@ -17,11 +17,11 @@ import proton
 import pytest
 import trio
 
-from framework import connect, handler, open_server, service
-from framework.amqp.codec import decode
-from framework.amqp.messaging import Message, Properties
-from framework.amqp.performatives import SND_SETTLED, SND_UNSETTLED, Open
-from framework.amqp.types import (
+from pairlink import connect, handler, open_server, service
+from pairlink._amqp.codec import decode
+from pairlink._amqp.messaging import Message, Properties
+from pairlink._amqp.performatives import SND_SETTLED, SND_UNSETTLED, Open
+from pairlink._amqp.types import (
     Array,
     Byte,
     Char,
@@ -34,16 +34,8 @@ from framework.amqp.types import (
     UInt,
     ULong,
 )
-from framework.errors import RemoteError
-from framework.rpc.payload import (
-    ENVELOPE,
-    Encoding,
-    PayloadError,
-    arguments_value,
-    plain,
-    split_arguments,
-)
-from framework.rpc.wire import (
+from pairlink._rpc.payload import ENVELOPE, Encoding, arguments_value, plain, split_arguments
+from pairlink._rpc.wire import (
     CALL_ENVELOPE,
     ERROR_TYPE,
     ME,
@@ -60,7 +52,8 @@ from framework.rpc.wire import (
     peer_encoding,
     request_message,
 )
-from framework.server.serving import Server
+from pairlink._server.serving import Server
+from pairlink.errors import PayloadError, RemoteError
 from tests.gateway.chain import LOOPBACK, ByteTap, Chain, open_chain, requests_on
 
 NOW = 1_800_000_000.0

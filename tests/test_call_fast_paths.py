@@ -19,11 +19,12 @@ import trio
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from framework import RemoteError, Reply, connect, open_server
-from framework.amqp import messaging
-from framework.amqp.messaging import Message
-from framework.rpc import wire
-from framework.rpc.payload import Encoding
+from pairlink import RemoteError, Reply, connect, open_server
+from pairlink._amqp import messaging
+from pairlink._amqp.messaging import Message
+from pairlink._rpc import wire
+from pairlink._rpc.payload import Encoding
+from pairlink.errors import CallError
 from services.echo import Echo
 
 IDS = st.one_of(
@@ -200,7 +201,7 @@ def test_an_envelope_that_is_not_one_is_left_to_the_general_path() -> None:
     for bad in (b"\x91\x01", b"\x92\x01\x80", b"\x92\x91\x01\x81\x01\x02"):  # [1]; [1, {}]; {1: 2}
         damaged = payload[: -len(body) - 1] + bytes((len(bad),)) + bad
         assert wire.read_request(damaged) is None
-        with pytest.raises(wire.CallError):
+        with pytest.raises(CallError):
             wire.parse_request(Message.decode(damaged), now=NOW)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from framework.client import blocking
-from framework.errors import PairlinkError
+from pairlink._client import blocking
+from pairlink.errors import PairlinkError
 from tests.test_client_cli import Served, restore_logging  # noqa: F401 - autouse fixture
 
 PAIRLINK = (str(Path(sys.executable).with_name("pairlink")),)
@@ -25,7 +25,7 @@ import sys
 
 import trio
 
-from framework import handler, service
+from pairlink import handler, service
 
 
 @service("stuck", max_concurrency=4)
@@ -62,7 +62,7 @@ def test_serve_imports_a_module_from_the_working_directory(workdir: Path) -> Non
 
 def test_a_service_that_needs_arguments_is_a_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "needy.py").write_text(
-        "from framework import handler, service\n"
+        "from pairlink import handler, service\n"
         "@service('needy')\n"
         "class Needy:\n"
         "    def __init__(self, database): ...\n"

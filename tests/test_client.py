@@ -12,13 +12,13 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from framework import connect
-from framework.amqp import errors as conditions
-from framework.amqp.messaging import Accepted, Error, Rejected, Released
-from framework.amqp.performatives import SND_UNSETTLED, Attach, Close, Flow, Transfer
-from framework.errors import ConnectionLostError, RemoteError
-from framework.rpc import deadline, wire
-from framework.rpc.payload import JSON, Encoding
+from pairlink import connect
+from pairlink._amqp import errors as conditions
+from pairlink._amqp.messaging import Accepted, Error, Rejected, Released
+from pairlink._amqp.performatives import SND_UNSETTLED, Attach, Close, Flow, Transfer
+from pairlink._rpc import deadline, wire
+from pairlink._rpc.payload import JSON, Encoding
+from pairlink.errors import ConnectionLostError, RemoteError
 from tests.client_peers import Incoming, RawPeer, RawServer, proton_arithmetic, raw_server
 from tests.interop.proton_peers import ProtonServer
 

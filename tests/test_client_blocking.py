@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from proton import Message as ProtonMessage
 
-from framework.client import blocking
-from framework.errors import ConnectionLostError, RemoteError
+from pairlink._client import blocking
+from pairlink.errors import ConnectionLostError, RemoteError
 from tests.client_peers import proton_arithmetic
 from tests.interop.proton_peers import ProtonServer
 

@@ -20,7 +20,7 @@ import pytest
 import structlog
 from proton import Message as ProtonMessage
 
-from framework.cli import main
+from pairlink._cli import main
 from tests.client_peers import proton_arithmetic
 from tests.interop.proton_peers import Disposition, ProtonServer
 
@@ -81,9 +81,9 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "call" in capsys.readouterr().out
 
 
-def test_python_dash_m_framework_call(server: ProtonServer) -> None:
+def test_python_dash_m_pairlink_call(server: ProtonServer) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "framework", "call", server.url(), "echo", "echo", '"hi"'],
+        [sys.executable, "-m", "pairlink", "call", server.url(), "echo", "echo", '"hi"'],
         capture_output=True,
         text=True,
         timeout=30,
@@ -208,14 +208,14 @@ def test_call_property_must_be_key_equals_value(capsys: pytest.CaptureFixture[st
 
 
 class Served:
-    """``python -m framework serve ...`` (or another ``command``, or another ``program``: the
+    """``python -m pairlink serve ...`` (or another ``command``, or another ``program``: the
     ``pairlink`` script) in a child process, its stderr read line by line."""
 
     def __init__(
         self,
         *args: str,
         command: str = "serve",
-        program: Sequence[str] = (sys.executable, "-m", "framework"),
+        program: Sequence[str] = (sys.executable, "-m", "pairlink"),
         cwd: Path | None = None,
     ) -> None:
         self.process = subprocess.Popen(
@@ -294,7 +294,7 @@ def test_serve_until_ctrl_c(
         (["serve", "no_such_module_here"], "No module named"),
         (["serve", "services.echo:trio"], "is not a @service class"),
         (["serve", "services.echo:Missing"], "Missing"),
-        (["serve", "framework.rpc.wire"], "defines no @service class"),
+        (["serve", "pairlink._rpc.wire"], "defines no @service class"),
         (["serve", "tests.test_client_e2e", "--address", "x"], "exactly one service"),
     ],
 )

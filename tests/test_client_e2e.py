@@ -11,12 +11,12 @@ import pytest
 import trio
 import trio.testing
 
-from framework import connect, handler, open_server, remote, service
-from framework.client import blocking
-from framework.errors import ConnectionLostError, RemoteError
-from framework.rpc import deadline
-from framework.server.serving import Server
-from framework.spark import serve_in_thread
+from pairlink import connect, handler, open_server, remote, service
+from pairlink._client import blocking
+from pairlink._rpc import deadline
+from pairlink._server.serving import Server
+from pairlink.errors import ConnectionLostError, RemoteError
+from pairlink.spark import serve_in_thread
 from services.echo import Echo
 from tests.service_peers import wait_for
 

@@ -8,13 +8,13 @@ import pytest
 import trio
 import trio.testing
 
-from framework import connect, handler, open_server, service
-from framework.amqp import errors as conditions
-from framework.amqp.link import Link
-from framework.amqp.messaging import Error
-from framework.amqp.performatives import Transfer
-from framework.errors import LinkDetachedError, MessageTooLargeError
-from framework.io.links import Pending, Sender
+from pairlink import connect, handler, open_server, service
+from pairlink._amqp import errors as conditions
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Error
+from pairlink._amqp.performatives import Transfer
+from pairlink._io.links import Pending, Sender
+from pairlink.errors import LinkDetachedError, MessageTooLargeError
 from tests.client_peers import Incoming, RawPeer, raw_server
 
 

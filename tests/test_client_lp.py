@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import trio
 
-from framework import connect
-from framework.amqp import errors as conditions
-from framework.amqp.link import Link
-from framework.amqp.messaging import Error
-from framework.amqp.performatives import (
+from pairlink import connect
+from pairlink._amqp import errors as conditions
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Error
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     SND_SETTLED,
@@ -28,10 +28,10 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.amqp.types import Symbol
-from framework.errors import LinkDetachedError
-from framework.rpc import wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0, PAIRED
+from pairlink._amqp.types import Symbol
+from pairlink._rpc import wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, PAIRED
+from pairlink.errors import LinkDetachedError
 from tests.client_peers import Incoming, RawPeer, proton_arithmetic, raw_server
 from tests.interop.proton_peers import ProtonServer
 

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework.rpc import deadline
+from pairlink._rpc import deadline
 
 
 def test_the_wall_clock_is_replaced_for_the_block_and_restored_after() -> None:

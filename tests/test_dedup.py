@@ -7,11 +7,11 @@ import functools
 import pytest
 import trio
 
-from framework import Client, RemoteError, connect, handler, open_server, service
-from framework.client import blocking
-from framework.rpc.wire import CallError
-from framework.server.dedup import DedupStore, Outcome
-from framework.spark import serve_in_thread
+from pairlink import Client, RemoteError, connect, handler, open_server, service
+from pairlink._client import blocking
+from pairlink._server.dedup import DedupStore, Outcome
+from pairlink.errors import CallError
+from pairlink.spark import serve_in_thread
 
 OK = Outcome(200, "OK", {"score": 1.0})
 

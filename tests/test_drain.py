@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import trio
 
-from framework import handler, open_server, service
-from framework.amqp.link import Link
-from framework.amqp.performatives import Flow
-from framework.io.connection import AmqpConnection
-from framework.io.links import LinkEnd, LinkOwner, accept, open_sender
-from framework.io.listener import listen
-from framework.io.net import connect
+from pairlink import handler, open_server, service
+from pairlink._amqp.link import Link
+from pairlink._amqp.performatives import Flow
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import LinkEnd, LinkOwner, accept, open_sender
+from pairlink._io.listener import listen
+from pairlink._io.net import connect
 from tests.listening import answering
 from tests.service_peers import raw_client
 

@@ -17,10 +17,9 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from framework import connect, handler, hosted, open_server, service
-from framework.errors import RemoteError
-from framework.rpc.wire import CallError
-from framework.server.serving import Server
+from pairlink import connect, handler, hosted, open_server, service
+from pairlink._server.serving import Server
+from pairlink.errors import CallError, RemoteError
 from tests.gateway.chain import INTERNAL, LOOPBACK, PUBLIC, open_chain
 
 URL = f"amqp://{LOOPBACK}:0"

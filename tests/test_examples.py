@@ -1,5 +1,5 @@
 """The examples run as the README says: smallest script, and the main job on a small scale;
-their services tested as users test theirs, in memory (``framework.testing``)."""
+their services tested as users test theirs, in memory (``pairlink.testing``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from examples.calc import Calculator
-from framework import RemoteError
-from framework.testing import serve_in_memory
+from pairlink import RemoteError
+from pairlink.testing import serve_in_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,13 +22,6 @@ import structlog
 import trio
 import trio.testing
 
-from framework import connect, open_server
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.errors import INTERNAL_ERROR, NOT_ALLOWED
-from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
-from framework.amqp.messaging import Error
-from framework.amqp.performatives import Begin, Close, Open, Transfer
-from framework.io.net import open_connection
 from fuzz import TARGET_NAMES, seed_folder
 from fuzz.targets import (
     SERVICE,
@@ -39,6 +32,13 @@ from fuzz.targets import (
     peer_bytes,
     read_output,
 )
+from pairlink import connect, open_server
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.errors import INTERNAL_ERROR, NOT_ALLOWED
+from pairlink._amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
+from pairlink._amqp.messaging import Error
+from pairlink._amqp.performatives import Begin, Close, Open, Transfer
+from pairlink._io.net import open_connection
 from services.echo import Echo
 
 CASES = Path(__file__).parent / "fuzz_cases"

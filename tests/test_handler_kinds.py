@@ -1,4 +1,4 @@
-"""How the actor runs each kind of handler under load (framework.server.actor), over real TCP:
+"""How the actor runs each kind of handler under load (pairlink._server.actor), over real TCP:
 ``async def`` calls handed to one worker run one after another while they do not wait, and one
 that waits lets the next run in another worker; a thread's lone reply written at once, even one
 too big for one write, and replies batched behind it, all arrive whole; calls queued while
@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from framework import connect, handler, hosted, open_server, service
+from pairlink import connect, handler, hosted, open_server, service
 from tests.service_peers import wait_for
 
 URL = "amqp://127.0.0.1:0"

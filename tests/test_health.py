@@ -12,13 +12,13 @@ import pytest
 import trio
 import trio.testing
 
-from framework import handler, hosted, open_server, service
-from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER
-from framework.client.client import connect
-from framework.client.health import DRAINING, HEALTH, SERVING, check_health
-from framework.errors import RemoteError
-from framework.rpc.payload import Encoding
-from framework.server.serving import Server
+from pairlink import handler, hosted, open_server, service
+from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER
+from pairlink._client.client import connect
+from pairlink._client.health import DRAINING, HEALTH, SERVING, check_health
+from pairlink._rpc.payload import Encoding
+from pairlink._server.serving import Server
+from pairlink.errors import RemoteError
 from tests.service_peers import raw_client, status
 
 WITHIN = 10  # seconds a test waits for what should come at once
@@ -42,7 +42,7 @@ class Slow:
 async def _cli(*args: str) -> tuple[int, str, str]:
     """``pairlink health ARGS`` in a process of its own, as an orchestrator runs it (its
     stdout and stderr are then its own, not the serving test's logs)."""
-    argv = [sys.executable, "-m", "framework", "health", *args]
+    argv = [sys.executable, "-m", "pairlink", "health", *args]
     with trio.fail_after(WITHIN):
         done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
     return done.returncode, done.stdout.decode(), done.stderr.decode()

@@ -8,14 +8,14 @@ import struct
 
 import trio
 
-from framework import connect, handler, open_server, service
-from framework.amqp import errors
-from framework.amqp.framing import encode_frame
-from framework.amqp.messaging import Message, Properties
-from framework.amqp.performatives import ROLE_SENDER, Detach, Transfer
-from framework.amqp.types import ULong
-from framework.io.limits import Limits
-from framework.rpc import deadline, wire
+from pairlink import connect, handler, open_server, service
+from pairlink._amqp import errors
+from pairlink._amqp.framing import encode_frame
+from pairlink._amqp.messaging import Message, Properties
+from pairlink._amqp.performatives import ROLE_SENDER, Detach, Transfer
+from pairlink._amqp.types import ULong
+from pairlink._io.limits import Limits
+from pairlink._rpc import deadline, wire
 from tests.service_peers import app_property, raw_client, status
 
 LINKS = 8

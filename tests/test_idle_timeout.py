@@ -7,11 +7,11 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from framework.amqp import errors
-from framework.amqp.config import ConnectionConfig
-from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
-from framework.amqp.performatives import Open
-from framework.io.net import open_connection
+from pairlink._amqp import errors
+from pairlink._amqp.config import ConnectionConfig
+from pairlink._amqp.framing import AMQP_HEADER, HEARTBEAT, encode_frame
+from pairlink._amqp.performatives import Open
+from pairlink._io.net import open_connection
 
 IDLE = 30.0
 

@@ -14,15 +14,15 @@ import ssl
 import pytest
 import trio
 
-from framework import MessageTooLargeError, connect, handler, open_server, service
-from framework.amqp import errors
-from framework.amqp.framing import AMQP_HEADER
-from framework.amqp.link import Link
-from framework.errors import ConnectionLostError
-from framework.io.connection import AmqpConnection
-from framework.io.links import accept_receiver, open_sender
-from framework.io.listener import default_max_connections, listen
-from framework.io.net import connect as amqp_connect
+from pairlink import MessageTooLargeError, connect, handler, open_server, service
+from pairlink._amqp import errors
+from pairlink._amqp.framing import AMQP_HEADER
+from pairlink._amqp.link import Link
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import accept_receiver, open_sender
+from pairlink._io.listener import default_max_connections, listen
+from pairlink._io.net import connect as amqp_connect
+from pairlink.errors import ConnectionLostError
 from tests.listening import answering, no_links
 from tests.tls import TlsFiles
 

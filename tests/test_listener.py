@@ -1,4 +1,4 @@
-"""The listener's connection bookkeeping (``framework.io.listener``), over real TCP: each open
+"""The listener's connection bookkeeping (``pairlink._io.listener``), over real TCP: each open
 connection gets one handler from ``accept``, made before its first attach is answered (even
 one pipelined with the open, LP-10), and told ``on_closed`` once when the connection ends,
 leaving the listener too; a connection that never opens gets none."""
@@ -10,16 +10,16 @@ import math
 import pytest
 import trio
 
-from framework.amqp.errors import NOT_FOUND
-from framework.amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER, encode_frame
-from framework.amqp.link import Link
-from framework.amqp.messaging import Error, Source, Target
-from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Open, SaslInit
-from framework.errors import AuthenticationError
-from framework.io.connection import AmqpConnection
-from framework.io.listener import listen
-from framework.io.login_throttle import LoginThrottle
-from framework.io.net import connect
+from pairlink._amqp.errors import NOT_FOUND
+from pairlink._amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER, encode_frame
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Error, Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Open, SaslInit
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.listener import listen
+from pairlink._io.login_throttle import LoginThrottle
+from pairlink._io.net import connect
+from pairlink.errors import AuthenticationError
 
 URL = "amqp://127.0.0.1:0"
 

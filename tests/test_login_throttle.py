@@ -6,10 +6,10 @@ import pytest
 import structlog
 import trio
 
-from framework.errors import AuthenticationError
-from framework.io.listener import listen
-from framework.io.login_throttle import LOGIN_PENALTY, LoginThrottle
-from framework.io.net import AmqpUrl, client_config, connect, open_connection
+from pairlink._io.listener import listen
+from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
+from pairlink._io.net import AmqpUrl, client_config, connect, open_connection
+from pairlink.errors import AuthenticationError
 from tests.listening import no_links
 
 USERS = {"alice": "right"}

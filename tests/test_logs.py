@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import structlog
 
-from framework import RemoteError, connect, handler, open_server, service
+from pairlink import RemoteError, connect, handler, open_server, service
 from tests.test_client_cli import Served
 
 URL = "amqp://127.0.0.1:0"
@@ -50,7 +50,7 @@ def unconfigured_structlog() -> Iterator[None]:
 
 LIBRARY_USE = """
 import logging, sys, trio
-from framework import RemoteError, connect, open_server
+from pairlink import RemoteError, connect, open_server
 from tests.test_logs import Failing
 
 if sys.argv[1] == "basicConfig":
@@ -123,7 +123,7 @@ def test_the_command_logs_json_lines_from_the_level_asked(before: bool) -> None:
     argv = [*options, "serve", *args] if before else ["serve", *args, *options]
     with Served(*argv[1:], command=argv[0]) as served:
         url = json.loads(served.wait_for('"server.listening"'))["url"]
-        call = [sys.executable, "-m", "framework", "call", url, "failing", "boom"]
+        call = [sys.executable, "-m", "pairlink", "call", url, "failing", "boom"]
         assert subprocess.run(call, capture_output=True, timeout=30).returncode == 1
         served.wait_for('"call.failed"')
         assert served.interrupt() == 0

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from framework import handler, open_server, service
-from framework.amqp import errors
-from framework.amqp.messaging import Rejected
-from framework.amqp.performatives import (
+from pairlink import handler, open_server, service
+from pairlink._amqp import errors
+from pairlink._amqp.messaging import Rejected
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     Attach,
@@ -24,9 +24,9 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.rpc import wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0, PAIRED, paired_properties
-from framework.server.serving import Server
+from pairlink._rpc import wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, PAIRED, paired_properties
+from pairlink._server.serving import Server
 from tests.service_peers import RawClient, raw_client, status
 
 

@@ -16,17 +16,17 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
-from framework import handler, hosted, open_server, service
-from framework.amqp import errors
-from framework.amqp.events import LinkFlow, MessageReceived
-from framework.amqp.link import Link
-from framework.amqp.messaging import Message, Source, Target
-from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Attach, Detach, Flow
-from framework.amqp.session import SessionState
-from framework.rpc import wire
-from framework.server.actor import Actor
-from framework.server.mailbox import RESERVE_DIVISOR, CreditedLink
-from framework.server.serving import Server
+from pairlink import handler, hosted, open_server, service
+from pairlink._amqp import errors
+from pairlink._amqp.events import LinkFlow, MessageReceived
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Message, Source, Target
+from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Attach, Detach, Flow
+from pairlink._amqp.session import SessionState
+from pairlink._rpc import wire
+from pairlink._server.actor import Actor
+from pairlink._server.mailbox import RESERVE_DIVISOR, CreditedLink
+from pairlink._server.serving import Server
 from tests.service_peers import RawClient, raw_client, wait_for
 
 MAILBOX = 16  # below RESERVE_DIVISOR: no reserve, "room" is exactly the free slots

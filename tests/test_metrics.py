@@ -13,18 +13,17 @@ import pytest
 import trio
 from prometheus_client import generate_latest
 
-from framework import handler, open_server, service
-from framework.client import blocking
-from framework.client.client import connect
-from framework.client.health import HEALTH
-from framework.errors import RemoteError
-from framework.io.metrics import MetricsUnavailable, parse_listen
-from framework.io.metrics_http import MAX_SCRAPES, READ_TIMEOUT
-from framework.rpc import wire
-from framework.rpc.deadline import wall_time
-from framework.rpc.payload import Encoding
-from framework.rpc.wire import CallError
-from framework.server.metrics import UNKNOWN_OPERATION
+from pairlink import handler, open_server, service
+from pairlink._client import blocking
+from pairlink._client.client import connect
+from pairlink._client.health import HEALTH
+from pairlink._io.metrics import parse_listen
+from pairlink._io.metrics_http import MAX_SCRAPES, READ_TIMEOUT
+from pairlink._rpc import wire
+from pairlink._rpc.deadline import wall_time
+from pairlink._rpc.payload import Encoding
+from pairlink._server.metrics import UNKNOWN_OPERATION
+from pairlink.errors import CallError, MetricsUnavailable, RemoteError
 from tests.scraping import Scrape, http_get, scrape
 from tests.service_peers import wait_for
 from tests.test_client_cli import Served
@@ -183,7 +182,7 @@ async def test_without_metrics_there_is_no_registry_and_no_observer() -> None:
 def test_without_metrics_neither_prometheus_client_nor_h11_is_even_imported() -> None:
     program = (
         "import sys, trio\n"
-        "from framework import open_server, connect, cli, gateway\n"
+        "from pairlink import open_server, connect, _cli, gateway\n"
         "from services.echo import Echo\n"
         "async def main():\n"
         "    async with open_server(Echo, listen='amqp://127.0.0.1:0') as server:\n"
@@ -203,7 +202,7 @@ async def test_metrics_without_the_extra_is_one_clear_error(
     monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
     monkeypatch.setitem(sys.modules, missing, None)  # as if not installed
-    with pytest.raises(MetricsUnavailable, match=r"pip install 'pairlink\[metrics\]'"):
+    with pytest.raises(MetricsUnavailable, match=r"pip install 'pairlink-amqp\[metrics\]'"):
         async with open_server(Calc, listen=URL, metrics_listen=METRICS):
             pass  # pragma: no cover
 
@@ -316,7 +315,7 @@ def test_serve_metrics_listen_in_the_config_file(tmp_path: Path) -> None:
 def test_serve_refuses_metrics_without_prometheus_client_in_one_line() -> None:
     program = (
         "import sys; sys.modules['prometheus_client'] = None\n"
-        "from framework.cli import main\n"
+        "from pairlink._cli import main\n"
         "sys.exit(main(['serve', 'services.echo', '--listen', 'amqp://127.0.0.1:0',"
         " '--metrics-listen', '127.0.0.1:0']))\n"
     )
@@ -327,5 +326,5 @@ def test_serve_refuses_metrics_without_prometheus_client_in_one_line() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last == (
         "pairlink serve: MetricsUnavailable: metrics need prometheus_client: "
-        "pip install 'pairlink[metrics]'"
+        "pip install 'pairlink-amqp[metrics]'"
     )

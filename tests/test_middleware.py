@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from framework import (
+from pairlink import (
     CallContext,
     CallError,
     Client,
@@ -27,7 +27,7 @@ from framework import (
     open_server,
     service,
 )
-from framework.rpc import wire
+from pairlink._rpc import wire
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw"}
 

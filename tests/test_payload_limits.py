@@ -12,10 +12,11 @@ import tracemalloc
 import msgpack
 import pytest
 
-from framework.amqp.codec import MAX_ELEMENTS
-from framework.amqp.messaging import Message, Properties
-from framework.amqp.types import Symbol
-from framework.rpc.payload import JSON, MSGPACK, Encoding, PayloadError, decode_value
+from pairlink._amqp.codec import MAX_ELEMENTS
+from pairlink._amqp.messaging import Message, Properties
+from pairlink._amqp.types import Symbol
+from pairlink._rpc.payload import JSON, MSGPACK, Encoding, decode_value
+from pairlink.errors import PayloadError
 
 
 def body(data: bytes, content_type: str) -> Message:

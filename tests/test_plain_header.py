@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 import trio
 
-from framework import open_server
-from framework.amqp.framing import AMQP_HEADER, SASL_HEADER, FrameReader, encode_frame
-from framework.amqp.messaging import Source, Target
-from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Open
-from framework.amqp.sasl import ANONYMOUS_IDENTITY
-from framework.errors import AuthenticationError, ConnectionLostError
-from framework.io.connection import AmqpConnection
-from framework.io.listener import listen
-from framework.io.login_throttle import LoginThrottle
-from framework.io.net import connect
+from pairlink import open_server
+from pairlink._amqp.framing import AMQP_HEADER, SASL_HEADER, FrameReader, encode_frame
+from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Open
+from pairlink._amqp.sasl import ANONYMOUS_IDENTITY
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.listener import listen
+from pairlink._io.login_throttle import LoginThrottle
+from pairlink._io.net import connect
+from pairlink.errors import AuthenticationError, ConnectionLostError
 from services.echo import Echo
 from tests.listening import no_links
 from tests.tls import CLIENT_IDENTITY, TlsFiles

@@ -1,4 +1,4 @@
-"""A plain TCP connection's socket read and written directly (``framework.io.plain_socket``):
+"""A plain TCP connection's socket read and written directly (``pairlink._io.plain_socket``):
 the same bytes, ends and errors as Trio's stream over it, and calls answered alike whether a
 connection reads its socket directly (plain TCP) or through its stream (TLS, in memory)."""
 
@@ -14,10 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from framework import connect, handler, open_server, service
-from framework.client.client import Client
-from framework.io import plain_socket
-from framework.io.connection import READ_SIZE
+from pairlink import connect, handler, open_server, service
+from pairlink._client.client import Client
+from pairlink._io import plain_socket
+from pairlink._io.connection import READ_SIZE
 from tests.tls import TlsFiles
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-import framework.amqp
-from framework import RemoteError, connect, handler, open_server, service
+import pairlink._amqp
+from pairlink import RemoteError, connect, handler, open_server, service
 
 
 @service("calc")
@@ -36,9 +36,9 @@ async def test_the_readme_example() -> None:
 
 
 def test_the_sans_io_core_imports_no_io_and_no_clock() -> None:
-    """framework/amqp never imports trio, sockets, structlog or a clock (DESIGN.md)."""
+    """pairlink._amqp never imports trio, sockets, structlog or a clock (DESIGN.md)."""
     forbidden = {"trio", "socket", "ssl", "structlog", "time", "asyncio", "selectors"}
-    core = Path(framework.amqp.__file__).parent
+    core = Path(pairlink._amqp.__file__).parent
     found = []
     for path in sorted(core.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

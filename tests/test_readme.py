@@ -68,7 +68,7 @@ PYTHON = [block for block in BLOCKS if block.lang == "python"]
 
 
 def _param(block: Block) -> object:
-    marks = [pytest.mark.timeout(240), pytest.mark.spark] if "framework.spark" in block.code else []
+    marks = [pytest.mark.timeout(240), pytest.mark.spark] if "pairlink.spark" in block.code else []
     return pytest.param(block, id=block.name, marks=marks)
 
 
@@ -76,7 +76,7 @@ def _param(block: Block) -> object:
 def test_python_block_runs(block: Block) -> None:
     if block.not_run is not None:
         pytest.skip(f"{block.name}: not-run: {block.not_run}")
-    limit = 220 if "framework.spark" in block.code else 50
+    limit = 220 if "pairlink.spark" in block.code else 50
     done = subprocess.run(
         [sys.executable, "-c", block.code],
         cwd=ROOT,
@@ -154,7 +154,7 @@ COMMANDS = sh_commands()
 
 
 def pairlink(*args: str) -> list[str]:
-    return [sys.executable, "-m", "framework", *args]
+    return [sys.executable, "-m", "pairlink", *args]
 
 
 @pytest.mark.parametrize(
@@ -179,6 +179,14 @@ def test_sh_command_exists_with_its_flags(command: Command) -> None:
             assert importlib.util.find_spec(args[1]) is not None, f"no module {args[1]}"
         else:
             assert (ROOT / args[0]).is_file(), f"{command.block.name}: no {args[0]}"
+    elif program == "pip":
+        # the distribution's own name, with extras it has
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        wanted = re.fullmatch(r"([\w-]+)(?:\[([\w,]+)\])?", args[-1])
+        assert args[0] == "install" and wanted, f"{command.block.name}: {command.argv}"
+        assert wanted.group(1) == project["name"]
+        extras = set(filter(None, (wanted.group(2) or "").split(",")))
+        assert extras <= set(project["optional-dependencies"])
     else:
         pytest.fail(f"{command.block.name}: this test does not know {program!r}")
 

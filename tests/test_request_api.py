@@ -1,6 +1,6 @@
 """``Client.request``: messages of the caller's making, whole replies, over real TCP.
 
-The peer is a small AMQP node written here on ``framework.io`` (``listen`` plus the link
+The peer is a small AMQP node written here on ``pairlink._io`` (``listen`` plus the link
 API), answering paired links the way RabbitMQ 4 does: both halves named alike with
 ``paired: true``, pre-settled. One way of answering is RabbitMQ's ``/management`` node (HTTP
 over AMQP, v2: the method in ``subject``, the percent-encoded path in ``to``, an
@@ -20,10 +20,10 @@ import pytest
 import trio
 
 from examples import rabbitmq_management as rabbit
-from framework import RemoteError, Reply, connect
-from framework.amqp import errors
-from framework.amqp.link import Link
-from framework.amqp.messaging import (
+from pairlink import RemoteError, Reply, connect
+from pairlink._amqp import errors
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import (
     Accepted,
     Error,
     Header,
@@ -32,12 +32,12 @@ from framework.amqp.messaging import (
     Properties,
     Rejected,
 )
-from framework.amqp.performatives import SND_SETTLED, SND_UNSETTLED
-from framework.io.connection import AmqpConnection
-from framework.io.links import Receiver, Sender, accept_receiver, accept_sender
-from framework.io.listener import listen
-from framework.rpc import wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0, PAIRED
+from pairlink._amqp.performatives import SND_SETTLED, SND_UNSETTLED
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import Receiver, Sender, accept_receiver, accept_sender
+from pairlink._io.listener import listen
+from pairlink._rpc import wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, PAIRED
 from tests.listening import EachLink
 
 Respond = Callable[[Message], Message | None]

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework import current_call, handler, hosted, open_server, remote, service
-from framework.client import blocking
-from framework.client.client import connect
-from framework.errors import ConnectionLostError, PairlinkError
-from framework.io.limits import Limits
-from framework.io.toml_config import TlsFiles as ConfigTlsFiles
-from framework.server.config import ConfigError, ServiceEntry, parse_serve_config
+from pairlink import current_call, handler, hosted, open_server, remote, service
+from pairlink._client import blocking
+from pairlink._client.client import connect
+from pairlink._io.limits import Limits
+from pairlink._io.toml_config import TlsFiles as ConfigTlsFiles
+from pairlink._server.config import ServiceEntry, parse_serve_config
+from pairlink.errors import ConfigError, ConnectionLostError, PairlinkError
 from tests.test_cli_serve import PAIRLINK, workdir  # noqa: F401 - fixture
 from tests.test_client_cli import Served, restore_logging  # noqa: F401 - autouse fixture
 from tests.tls import CLIENT_IDENTITY, TlsFiles, make_tls_files
@@ -269,7 +269,7 @@ def test_serve_listen_amqps_with_cert_and_key_flags(workdir: Path) -> None:  # n
 
 
 WHO = """
-from framework import current_call, handler, service
+from pairlink import current_call, handler, service
 
 
 @service("who")

@@ -1,6 +1,6 @@
 """Dispatch and outcomes over real TCP: every status code, every handler kind, both settle modes.
 
-The common paths go through our own client (``framework.client.client``); where the test must choose
+The common paths go through our own client (``pairlink._client.client``); where the test must choose
 the frames (a deadline already past, a body that is garbage, a settle mode), a bare engine.
 """
 
@@ -15,11 +15,11 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from framework import Client, connect, handler, open_server, service
-from framework.amqp import errors
-from framework.amqp.codec import encode_into
-from framework.amqp.messaging import Accepted, Message, Properties, Rejected
-from framework.amqp.performatives import (
+from pairlink import Client, connect, handler, open_server, service
+from pairlink._amqp import errors
+from pairlink._amqp.codec import encode_into
+from pairlink._amqp.messaging import Accepted, Message, Properties, Rejected
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     SND_MIXED,
@@ -28,13 +28,12 @@ from framework.amqp.performatives import (
     Detach,
     Transfer,
 )
-from framework.amqp.types import Described, Symbol, ULong
-from framework.errors import RemoteError
-from framework.rpc import deadline, wire
-from framework.rpc.linkpair import paired_properties
-from framework.rpc.payload import Encoding
-from framework.rpc.wire import CallError
-from framework.server.serving import Server
+from pairlink._amqp.types import Described, Symbol, ULong
+from pairlink._rpc import deadline, wire
+from pairlink._rpc.linkpair import paired_properties
+from pairlink._rpc.payload import Encoding
+from pairlink._server.serving import Server
+from pairlink.errors import CallError, RemoteError
 from tests.service_peers import RawClient, app_property, raw_client, status
 
 

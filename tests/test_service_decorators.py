@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from framework.server.service import DEFAULT_MAILBOX, handler, hosted, service, spec_of
+from pairlink._server.service import DEFAULT_MAILBOX, handler, hosted, service, spec_of
 
 
 @service("calc", max_concurrency=2, mailbox=8)

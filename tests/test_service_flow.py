@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from framework import connect, handler, open_server, service
-from framework.amqp.link import Link
-from framework.amqp.performatives import Flow
-from framework.rpc import wire
-from framework.server.actor import Actor
-from framework.server.serving import Server
+from pairlink import connect, handler, open_server, service
+from pairlink._amqp.link import Link
+from pairlink._amqp.performatives import Flow
+from pairlink._rpc import wire
+from pairlink._server.actor import Actor
+from pairlink._server.serving import Server
 from tests.service_peers import RawClient, raw_client, wait_for
 
 BOUND = 4

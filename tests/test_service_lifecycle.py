@@ -10,11 +10,11 @@ import trio
 import trio.testing
 from structlog.testing import capture_logs
 
-from framework import connect, handler, open_server, remote, serve, service
-from framework.amqp.performatives import Close, Detach
-from framework.errors import RemoteError
-from framework.rpc import deadline, wire
-from framework.server.serving import Server
+from pairlink import connect, handler, open_server, remote, serve, service
+from pairlink._amqp.performatives import Close, Detach
+from pairlink._rpc import deadline, wire
+from pairlink._server.serving import Server
+from pairlink.errors import RemoteError
 from services.echo import Echo
 from tests.service_peers import raw_client, status, wait_for
 

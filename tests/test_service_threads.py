@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 import trio
 
-from framework import Client, connect, handler, open_server, service
-from framework.errors import RemoteError
-from framework.rpc import deadline
-from framework.server.serving import Server
+from pairlink import Client, connect, handler, open_server, service
+from pairlink._rpc import deadline
+from pairlink._server.serving import Server
+from pairlink.errors import RemoteError
 
 BLOCKING = 3
 """Concurrency of the blocking service: more threads than one."""

@@ -1,4 +1,4 @@
-"""framework.testing: services called through the real container, engine and client over
+"""pairlink.testing: services called through the real container, engine and client over
 in-memory streams, with no socket, so that Trio's autojump clock drives their time."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework import (
+from pairlink import (
     ConnectionLostError,
     LinkDetachedError,
     RemoteError,
@@ -18,8 +18,8 @@ from framework import (
     remote,
     service,
 )
-from framework.io.listener import IN_MEMORY_URL
-from framework.testing import connect_in_memory, serve_in_memory
+from pairlink._io.listener import IN_MEMORY_URL
+from pairlink.testing import connect_in_memory, serve_in_memory
 
 
 @service("calc")

@@ -1,4 +1,4 @@
-"""Plain ``def`` handlers in the actor's own threads (framework.server.threads), over real TCP:
+"""Plain ``def`` handlers in the actor's own threads (pairlink._server.threads), over real TCP:
 ``max_concurrency`` holds however the calls arrive and whatever kind the others are, the handler
 sees its call, the 408 of a call queued past its deadline, failures answered as a task's would
 be, and a stopped server leaves no thread behind, idle or busy when it stopped."""
@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework import (
+from pairlink import (
     CallContext,
     CallError,
     Proceed,
@@ -25,8 +25,8 @@ from framework import (
     open_server,
     service,
 )
-from framework.rpc import deadline, wire
-from framework.rpc.tracing import current_trace, use_trace
+from pairlink._rpc import deadline, wire
+from pairlink._rpc.tracing import current_trace, use_trace
 from tests.service_peers import app_property, raw_client, status, wait_for
 
 URL = "amqp://127.0.0.1:0"

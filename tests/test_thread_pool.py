@@ -1,4 +1,4 @@
-"""The actor's thread pool on its own (framework.server.threads): jobs that block briefly run
+"""The actor's thread pool on its own (pairlink._server.threads): jobs that block briefly run
 side by side, a job held back by a blocked thread gets one of its own, each job
 runs in a context of its own, and the pool ends its threads once stopped and drained."""
 
@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from framework.server.threads import Result, ThreadPool
+from pairlink._server.threads import Result, ThreadPool
 
 TIMEOUT = 10  # seconds a job waits for the test at most: only a failing test waits so long
 

@@ -1,4 +1,4 @@
-"""A Trio run in a thread of its own (framework.io.threads): start, calls in, stop, failures."""
+"""A Trio run in a thread of its own (pairlink._io.threads): start, calls in, stop, failures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import threading
 import pytest
 import trio
 
-from framework.io.threads import TrioThread, start_trio_thread
+from pairlink._io.threads import TrioThread, start_trio_thread
 
 FORK_WARNING = "ignore:This process.*is multi-threaded:DeprecationWarning"
 

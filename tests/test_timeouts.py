@@ -6,7 +6,7 @@ import attrs
 import trio
 import trio.testing
 
-from framework.client.timeouts import Timeouts
+from pairlink._client.timeouts import Timeouts
 
 
 @attrs.define(eq=False)

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.util._once import Once
 
-from framework import (
+from pairlink import (
     Client,
     TraceContext,
     connect,
@@ -33,8 +33,8 @@ from framework import (
     service,
     use_trace,
 )
-from framework.rpc import wire
-from framework.rpc.tracing import parse_traceparent
+from pairlink._rpc import wire
+from pairlink._rpc.tracing import parse_traceparent
 from tests.gateway.chain import INTERNAL, PUBLIC, open_chain
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -315,7 +315,7 @@ NO_OPENTELEMETRY = """
 import sys
 sys.modules["opentelemetry"] = None  # as if the tracing extra were not installed
 import trio
-from framework import (
+from pairlink import (
     TraceContext, connect, current_trace, handler, open_server, remote, service, use_trace
 )
 

@@ -10,17 +10,17 @@ import pytest
 import trio
 import trio.testing
 
-from framework.amqp import errors
-from framework.amqp.connection import ConnectionConfig
-from framework.amqp.framing import AMQP_HEADER, FrameReader, encode_frame
-from framework.amqp.link import Link
-from framework.amqp.messaging import Accepted, Error, Message, Rejected
-from framework.amqp.performatives import Attach, Begin, Open
-from framework.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
-from framework.io.connection import AmqpConnection
-from framework.io.links import Receiver, accept_receiver, open_sender
-from framework.io.listener import Listener, listen
-from framework.io.net import connect, open_connection
+from pairlink._amqp import errors
+from pairlink._amqp.connection import ConnectionConfig
+from pairlink._amqp.framing import AMQP_HEADER, FrameReader, encode_frame
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Accepted, Error, Message, Rejected
+from pairlink._amqp.performatives import Attach, Begin, Open
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import Receiver, accept_receiver, open_sender
+from pairlink._io.listener import Listener, listen
+from pairlink._io.net import connect, open_connection
+from pairlink.errors import AuthenticationError, ConnectionLostError, LinkDetachedError
 from tests.listening import EachLink, answering
 from tests.tls import CLIENT_IDENTITY, TlsFiles
 

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from framework.rpc import wire
-from framework.rpc.payload import Encoding
-from framework.rpc.wire import ME, OPERATION, encode_request, request_message
+from pairlink._rpc import wire
+from pairlink._rpc.payload import Encoding
+from pairlink._rpc.wire import ME, OPERATION, encode_request, request_message
 
 NOW = 1_763_900_000.123456
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)

@@ -13,18 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp.messaging import Header, Message, Properties
-from framework.amqp.types import ULong
-from framework.errors import RemoteError
-from framework.rpc.payload import (
-    Encoding,
-    PayloadError,
-    decode_value,
-    encoded_body,
-    set_body,
-    split_arguments,
-)
-from framework.rpc.wire import (
+from pairlink._amqp.messaging import Header, Message, Properties
+from pairlink._amqp.types import ULong
+from pairlink._rpc.payload import Encoding, decode_value, encoded_body, set_body, split_arguments
+from pairlink._rpc.wire import (
     BAD_REQUEST,
     ERROR_TYPE,
     INTERNAL_ERROR,
@@ -32,7 +24,6 @@ from framework.rpc.wire import (
     OPERATION,
     STATUS_CODE,
     TIMEOUT,
-    CallError,
     Request,
     encode_reply,
     encode_request,
@@ -43,6 +34,7 @@ from framework.rpc.wire import (
     request_message,
     with_status,
 )
+from pairlink.errors import CallError, PayloadError, RemoteError
 
 NOW = 1_800_000_000.0
 

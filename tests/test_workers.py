@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework.client import blocking
-from framework.io.listener import listen
-from framework.server.workers import WorkerSettings
+from pairlink._client import blocking
+from pairlink._io.listener import listen
+from pairlink._server.workers import WorkerSettings
 from tests.scraping import scrape
 from tests.test_client_cli import Served
 from tests.test_listener import Handlers
@@ -29,7 +29,7 @@ import sys
 
 import trio
 
-from framework import handler, service
+from pairlink import handler, service
 
 
 @service("who", max_concurrency=8)
@@ -56,7 +56,7 @@ class Stuck:
 """
 
 FAILING = """
-from framework import handler, service
+from pairlink import handler, service
 
 
 @service("broken")

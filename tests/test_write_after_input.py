@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from framework import connect
+from pairlink import connect
 from tests.gateway.chain import CLIENT_ID, PUBLIC, open_chain
 
 CALLS = 40

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import trio
 
-from framework import connect, handler, open_server, service
+from pairlink import connect, handler, open_server, service
 
 BIG = 3 << 20
 """Past what one write takes, within what the engine sends before the peer's next flow: the

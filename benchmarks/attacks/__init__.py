@@ -1,11 +1,11 @@
 """Issue 9's attacks against a real server, measured: a tool for the closing note, not a test.
 
-Each attack runs against a fresh server process on 127.0.0.1 (``python -m framework serve``, or
+Each attack runs against a fresh server process on 127.0.0.1 (``python -m pairlink serve``, or
 for the password attack a small server of this script with users), and sends only there. Per
 attack it prints the server's RSS (``VmRSS`` of ``/proc/<pid>/status``) before and at most during
 the attack, what the server did about it (the frames it answered with, read off the wire), and
 whether a normal client, in a process of its own so that the attacker's CPU does not distort its
-timings, was served meanwhile (``framework.connect``, ``echo("x")`` every 50 ms; p50 and max
+timings, was served meanwhile (``pairlink.connect``, ``echo("x")`` every 50 ms; p50 and max
 latency). It asserts nothing: some attacks may still show the old behaviour while the hardening
 is under way, and the table says what it sees.
 

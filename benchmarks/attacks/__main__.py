@@ -28,7 +28,7 @@ from benchmarks.attacks.children import (
 )
 from benchmarks.attacks.phases import PhaseTimeout, phase
 from benchmarks.rpc import ChildFailed, run_main
-from framework.io.taskgroups import lone_errors_unwrapped
+from pairlink._io.taskgroups import lone_errors_unwrapped
 
 RSS_PERIOD = 0.02
 """Seconds between two RSS samples of the server."""

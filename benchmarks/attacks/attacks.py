@@ -34,15 +34,15 @@ from benchmarks.attacks.wire import (
     request,
     wire_to,
 )
-from framework.amqp.messaging import Error
-from framework.amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Detach
-from framework.amqp.sasl import SaslClient
-from framework.io import net
-from framework.io.net import AmqpUrl
-from framework.rpc import wire as rpc_wire
+from pairlink._amqp.messaging import Error
+from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, Detach
+from pairlink._amqp.sasl import SaslClient
+from pairlink._io import net
+from pairlink._io.net import AmqpUrl
+from pairlink._rpc import wire as rpc_wire
 
-SERVE = ("framework", "serve", "--listen", LISTEN)
-"""``python -m framework serve ... --listen amqp://127.0.0.1:0``: the server of most attacks."""
+SERVE = ("pairlink", "serve", "--listen", LISTEN)
+"""``python -m pairlink serve ... --listen amqp://127.0.0.1:0``: the server of most attacks."""
 SERVER_NOFILE = 1024
 """Open-file limit of every server process: the common default, so that the silent
 connections can exhaust it as in the issue (1,050 idle connections locked every client out)."""

@@ -22,7 +22,7 @@ import trio
 
 from benchmarks.attacks.phases import STEP_TIMEOUT, phase
 from benchmarks.rpc import ROOT, ChildFailed, _child_setup
-from framework import connect, serve
+from pairlink import connect, serve
 from services.echo import Echo
 
 LISTEN = "amqp://127.0.0.1:0"

@@ -12,7 +12,7 @@ import attrs
 import trio
 
 from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase
-from framework.amqp.framing import (
+from pairlink._amqp.framing import (
     AMQP_HEADER,
     FRAME_SASL,
     SASL_HEADER,
@@ -20,8 +20,8 @@ from framework.amqp.framing import (
     FrameReader,
     encode_frame,
 )
-from framework.amqp.messaging import Message, Properties, Source, Target
-from framework.amqp.performatives import (
+from pairlink._amqp.messaging import Message, Properties, Source, Target
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     Attach,
@@ -35,11 +35,11 @@ from framework.amqp.performatives import (
     SaslOutcome,
     Transfer,
 )
-from framework.amqp.sasl import SaslClient
-from framework.io.net import AmqpUrl
-from framework.rpc import wire as rpc_wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0, paired_properties
-from framework.rpc.payload import Encoding
+from pairlink._amqp.sasl import SaslClient
+from pairlink._io.net import AmqpUrl
+from pairlink._rpc import wire as rpc_wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, paired_properties
+from pairlink._rpc.payload import Encoding
 
 MIB = 1 << 20
 CHUNK = MIB

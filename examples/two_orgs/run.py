@@ -8,7 +8,7 @@ call ``billing`` on GN and never learn where, or under which name, O serves it.
 This script sets the SASL passwords the configs name (random ones, unless the variables are
 set already), runs CO and both gateways in this process over real TCP on the configs' ports
 (25671-25673), calls ``billing`` through GN, shows what GN refuses, and stops.
-Run: ``.venv/bin/python examples/two_orgs/run.py``. For TLS between the organisations, give
+Run: ``.venv/bin/python -m examples.two_orgs.run``. For TLS between the organisations, give
 GO an ``amqps://`` listen and a ``[tls]`` table, and GN's route an ``amqps://`` upstream with
 ``ca`` (the CA that signed GO's certificate).
 """
@@ -25,7 +25,7 @@ from urllib.parse import quote
 import structlog
 import trio
 
-from framework import AuthenticationError, LinkDetachedError, connect, hosted, open_server
+from pairlink import AuthenticationError, LinkDetachedError, connect, hosted, open_server
 from services.echo import Echo
 from services.gateway import serve_gateway
 

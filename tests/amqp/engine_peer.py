@@ -6,13 +6,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.events import Event, LinkAttachRequested, ProtocolViolation
-from framework.amqp.framing import FRAME_AMQP, FrameReader, encode_frame
-from framework.amqp.link import Link
-from framework.amqp.messaging import Source, Target
-from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close
-from framework.amqp.testing import engine_pair, pump
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.events import Event, LinkAttachRequested, ProtocolViolation
+from pairlink._amqp.framing import FRAME_AMQP, FrameReader, encode_frame
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Close
+from pairlink._amqp.testing import engine_pair, pump
 
 
 def of(events: list[Event], kind: type) -> list[Any]:

@@ -17,11 +17,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from proton import Data
 
-from framework.amqp import errors
-from framework.amqp.codec import MAX_DEPTH, decode, decode_from, encode, encode_into
-from framework.amqp.described import composite, registered_class, restricted
-from framework.amqp.errors import DecodeError, LocalProtocolError
-from framework.amqp.types import (
+from pairlink._amqp import errors
+from pairlink._amqp.codec import MAX_DEPTH, decode, decode_from, encode, encode_into
+from pairlink._amqp.described import composite, registered_class, restricted
+from pairlink._amqp.errors import DecodeError, LocalProtocolError
+from pairlink._amqp.types import (
     Array,
     Byte,
     Char,

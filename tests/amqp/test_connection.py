@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from framework.amqp import errors
-from framework.amqp.codec import encode
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.errors import LocalProtocolError
-from framework.amqp.events import (
+from pairlink._amqp import errors
+from pairlink._amqp.codec import encode
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.errors import LocalProtocolError
+from pairlink._amqp.events import (
     ConnectionClosed,
     ConnectionOpened,
     DeliveryUpdated,
@@ -26,10 +26,10 @@ from framework.amqp.events import (
     SessionEnded,
     TransportFailed,
 )
-from framework.amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER
-from framework.amqp.link import Link
-from framework.amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
-from framework.amqp.performatives import (
+from pairlink._amqp.framing import AMQP_HEADER, HEARTBEAT, SASL_HEADER
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Accepted, Error, Message, Rejected, Source, Target
+from pairlink._amqp.performatives import (
     RCV_SECOND,
     ROLE_RECEIVER,
     ROLE_SENDER,
@@ -41,9 +41,9 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.amqp.sasl import SaslClient, SaslServer
-from framework.amqp.session import TRANSFER_BOUND
-from framework.amqp.testing import engine_pair, pump, sasl_engine_pair
+from pairlink._amqp.sasl import SaslClient, SaslServer
+from pairlink._amqp.session import TRANSFER_BOUND
+from pairlink._amqp.testing import engine_pair, pump, sasl_engine_pair
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,

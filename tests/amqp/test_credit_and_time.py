@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from framework.amqp import errors
-from framework.amqp.connection import ConnectionConfig
-from framework.amqp.errors import LocalProtocolError
-from framework.amqp.events import LinkFlow, TransportFailed
-from framework.amqp.framing import HEARTBEAT
-from framework.amqp.performatives import Close, Flow
-from framework.amqp.testing import engine_pair, pump
+from pairlink._amqp import errors
+from pairlink._amqp.connection import ConnectionConfig
+from pairlink._amqp.errors import LocalProtocolError
+from pairlink._amqp.events import LinkFlow, TransportFailed
+from pairlink._amqp.framing import HEARTBEAT
+from pairlink._amqp.performatives import Close, Flow
+from pairlink._amqp.testing import engine_pair, pump
 from tests.amqp.engine_peer import attach_sender, begun, frames, linked, of, opened_pair, raw
 
 VALUE = b"\x00Sw\x40"

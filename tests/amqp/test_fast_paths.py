@@ -20,13 +20,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp import described
-from framework.amqp.codec import ClassDecoder
-from framework.amqp.described import class_decoder
-from framework.amqp.errors import DecodeError
-from framework.amqp.messaging import Message, Properties
-from framework.amqp.performatives import SPEC_CLASSES
-from framework.amqp.types import Symbol, UInt, ULong
+from pairlink._amqp import described
+from pairlink._amqp.codec import ClassDecoder
+from pairlink._amqp.described import class_decoder
+from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.messaging import Message, Properties
+from pairlink._amqp.performatives import SPEC_CLASSES
+from pairlink._amqp.types import Symbol, UInt, ULong
 
 COMPOSITES = [c for c in SPEC_CLASSES if hasattr(c, "__amqp_fields__")]
 

@@ -7,9 +7,9 @@ import struct
 import proton
 import pytest
 
-from framework.amqp.codec import encode
-from framework.amqp.errors import FRAMING_ERROR, DecodeError, RemoteProtocolError
-from framework.amqp.framing import (
+from pairlink._amqp.codec import encode
+from pairlink._amqp.errors import FRAMING_ERROR, DecodeError, RemoteProtocolError
+from pairlink._amqp.framing import (
     AMQP_HEADER,
     FRAME_AMQP,
     FRAME_SASL,
@@ -21,8 +21,8 @@ from framework.amqp.framing import (
     encode_frame,
     split_body,
 )
-from framework.amqp.messaging import Header
-from framework.amqp.performatives import (
+from pairlink._amqp.messaging import Header
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     Begin,
     Close,
@@ -32,7 +32,7 @@ from framework.amqp.performatives import (
     SaslOutcome,
     Transfer,
 )
-from framework.amqp.types import Described, ULong
+from pairlink._amqp.types import Described, ULong
 
 OPEN = Open(container_id="c")
 BEGIN = Begin(next_outgoing_id=0, incoming_window=10, outgoing_window=10)

@@ -11,9 +11,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from framework.amqp import errors
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.events import (
+from pairlink._amqp import errors
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.events import (
     Event,
     LinkAttachRequested,
     LinkFlow,
@@ -21,9 +21,9 @@ from framework.amqp.events import (
     ProtocolViolation,
     TransportFailed,
 )
-from framework.amqp.framing import AMQP_HEADER, encode_frame
-from framework.amqp.link import LinkState
-from framework.amqp.messaging import (
+from pairlink._amqp.framing import AMQP_HEADER, encode_frame
+from pairlink._amqp.link import LinkState
+from pairlink._amqp.messaging import (
     Accepted,
     Error,
     Message,
@@ -34,7 +34,7 @@ from framework.amqp.messaging import (
     Source,
     Target,
 )
-from framework.amqp.performatives import (
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     Attach,
@@ -47,8 +47,8 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.amqp.testing import engine_pair, pump
-from framework.amqp.types import Symbol
+from pairlink._amqp.testing import engine_pair, pump
+from pairlink._amqp.types import Symbol
 from tests.amqp.engine_peer import frames
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

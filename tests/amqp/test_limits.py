@@ -11,11 +11,11 @@ import tracemalloc
 
 import pytest
 
-from framework.amqp import errors
-from framework.amqp.codec import MAX_ELEMENTS, decode, encode
-from framework.amqp.connection import Connection
-from framework.amqp.errors import DecodeError, LocalProtocolError
-from framework.amqp.events import (
+from pairlink._amqp import errors
+from pairlink._amqp.codec import MAX_ELEMENTS, decode, encode
+from pairlink._amqp.connection import Connection
+from pairlink._amqp.errors import DecodeError, LocalProtocolError
+from pairlink._amqp.events import (
     DeliveryUpdated,
     LinkAttachRequested,
     LinkDetached,
@@ -23,9 +23,9 @@ from framework.amqp.events import (
     ProtocolViolation,
     SessionBegun,
 )
-from framework.amqp.framing import HEARTBEAT
-from framework.amqp.messaging import Accepted, Message, Source, Target
-from framework.amqp.performatives import (
+from pairlink._amqp.framing import HEARTBEAT
+from pairlink._amqp.messaging import Accepted, Message, Source, Target
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     Attach,
@@ -34,8 +34,8 @@ from framework.amqp.performatives import (
     Open,
     Transfer,
 )
-from framework.amqp.testing import pump
-from framework.amqp.types import Symbol
+from pairlink._amqp.testing import pump
+from pairlink._amqp.types import Symbol
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from framework.amqp.messaging import (
+from pairlink._amqp.messaging import (
     Header,
     Message,
     Properties,

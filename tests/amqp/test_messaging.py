@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp import messaging
-from framework.amqp.codec import MAX_DEPTH, encode
-from framework.amqp.errors import DecodeError
-from framework.amqp.messaging import (
+from pairlink._amqp import messaging
+from pairlink._amqp.codec import MAX_DEPTH, encode
+from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.messaging import (
     AmqpSequence,
     AmqpValue,
     ApplicationProperties,
@@ -28,8 +28,8 @@ from framework.amqp.messaging import (
     bare_message_span,
     decode_head,
 )
-from framework.amqp.performatives import Open
-from framework.amqp.types import Described, Symbol, UInt, ULong
+from pairlink._amqp.performatives import Open
+from pairlink._amqp.types import Described, Symbol, UInt, ULong
 
 S = Symbol
 T0 = datetime.datetime(2024, 5, 1, 12, 30, 15, 250000, tzinfo=datetime.UTC)

@@ -12,12 +12,12 @@ from typing import Any
 import proton
 import pytest
 
-from framework.amqp import errors, messaging, performatives
-from framework.amqp.codec import decode, encode
-from framework.amqp.config import ConnectionConfig
-from framework.amqp.connection import Connection
-from framework.amqp.errors import DecodeError
-from framework.amqp.events import (
+from pairlink._amqp import errors, messaging, performatives
+from pairlink._amqp.codec import decode, encode
+from pairlink._amqp.config import ConnectionConfig
+from pairlink._amqp.connection import Connection
+from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.events import (
     ConnectionOpened,
     Event,
     LinkAttachRequested,
@@ -25,9 +25,9 @@ from framework.amqp.events import (
     SessionBegun,
     TransportFailed,
 )
-from framework.amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER
-from framework.amqp.messaging import Source, Target
-from framework.amqp.performatives import (
+from pairlink._amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER
+from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.performatives import (
     ROLE_SENDER,
     Attach,
     Begin,
@@ -35,8 +35,8 @@ from framework.amqp.performatives import (
     SaslInit,
     SaslMechanisms,
 )
-from framework.amqp.sasl import ANONYMOUS, SaslClient, SaslServer
-from framework.amqp.types import Array, Symbol
+from pairlink._amqp.sasl import ANONYMOUS, SaslClient, SaslServer
+from pairlink._amqp.types import Array, Symbol
 from tests.amqp.engine_peer import begun, composite, frame, frames, of, opened_pair, violation
 
 S = Symbol

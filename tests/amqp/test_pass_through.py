@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from framework.amqp import errors
-from framework.amqp.connection import Connection
-from framework.amqp.events import MessageReceived, ProtocolViolation
-from framework.amqp.link import Link
-from framework.amqp.performatives import SND_SETTLED
+from pairlink._amqp import errors
+from pairlink._amqp.connection import Connection
+from pairlink._amqp.events import MessageReceived, ProtocolViolation
+from pairlink._amqp.link import Link
+from pairlink._amqp.performatives import SND_SETTLED
 from tests.amqp.engine_peer import frame, linked, of, opened_pair
 
 

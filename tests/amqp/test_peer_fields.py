@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from framework.amqp import errors
-from framework.amqp.codec import encode
-from framework.amqp.errors import DecodeError
-from framework.amqp.events import LinkAttachRequested, MessageReceived
-from framework.amqp.messaging import Error, Message, Source
-from framework.amqp.performatives import Attach, Transfer
-from framework.amqp.types import Array, Described, Symbol, UByte, UInt, ULong
+from pairlink._amqp import errors
+from pairlink._amqp.codec import encode
+from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.events import LinkAttachRequested, MessageReceived
+from pairlink._amqp.messaging import Error, Message, Source
+from pairlink._amqp.performatives import Attach, Transfer
+from pairlink._amqp.types import Array, Described, Symbol, UByte, UInt, ULong
 from tests.amqp.engine_peer import (
     attach_sender,
     begun,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp.codec import decode, encode
-from framework.amqp.errors import INVALID_FIELD, LocalProtocolError, RemoteProtocolError
-from framework.amqp.framing import (
+from pairlink._amqp.codec import decode, encode
+from pairlink._amqp.errors import INVALID_FIELD, LocalProtocolError, RemoteProtocolError
+from pairlink._amqp.framing import (
     AMQP_HEADER,
     FRAME_SASL,
     SASL_HEADER,
@@ -25,7 +25,7 @@ from framework.amqp.framing import (
     FrameReader,
     encode_frame,
 )
-from framework.amqp.messaging import (
+from pairlink._amqp.messaging import (
     DIST_COPY,
     DURABLE_UNSETTLED_STATE,
     EXPIRY_NEVER,
@@ -51,7 +51,7 @@ from framework.amqp.messaging import (
     Source,
     Target,
 )
-from framework.amqp.performatives import (
+from pairlink._amqp.performatives import (
     PERFORMATIVES_BY_CODE,
     PERFORMATIVES_BY_NAME,
     RCV_SECOND,
@@ -76,7 +76,7 @@ from framework.amqp.performatives import (
     SaslResponse,
     Transfer,
 )
-from framework.amqp.types import Described, FieldSpec, Symbol, ULong, amqp_field
+from pairlink._amqp.types import Described, FieldSpec, Symbol, ULong, amqp_field
 
 SPEC_DIR = pathlib.Path("/work/shared/amqp-spec")
 NS = "{http://www.amqp.org/schema/amqp.xsd}"

@@ -7,21 +7,21 @@ from __future__ import annotations
 
 import pytest
 
-from framework.amqp import errors
-from framework.amqp.codec import encode
-from framework.amqp.connection import Connection, ConnectionConfig
-from framework.amqp.events import (
+from pairlink._amqp import errors
+from pairlink._amqp.codec import encode
+from pairlink._amqp.connection import Connection, ConnectionConfig
+from pairlink._amqp.events import (
     ConnectionOpened,
     LinkAttachRequested,
     ProtocolViolation,
     SaslDone,
     TransportFailed,
 )
-from framework.amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER
-from framework.amqp.messaging import Source, Target
-from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Open, SaslInit
-from framework.amqp.sasl import ANONYMOUS_IDENTITY, SaslClient, SaslServer
-from framework.amqp.testing import engine_pair, pump
+from pairlink._amqp.framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER
+from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Open, SaslInit
+from pairlink._amqp.sasl import ANONYMOUS_IDENTITY, SaslClient, SaslServer
+from pairlink._amqp.testing import engine_pair, pump
 from tests.amqp.engine_peer import frame, frames, of, raw
 
 ANONYMOUS_SERVERS = {

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from framework.amqp import framing
-from framework.amqp.codec import encode_into
-from framework.amqp.errors import LocalProtocolError
-from framework.amqp.framing import FrameReader, encode_frame
-from framework.amqp.messaging import Accepted
-from framework.amqp.performatives import RCV_SECOND, Flow, Transfer
-from framework.amqp.transfer_codec import decode_transfer
+from pairlink._amqp import framing
+from pairlink._amqp.codec import encode_into
+from pairlink._amqp.errors import LocalProtocolError
+from pairlink._amqp.framing import FrameReader, encode_frame
+from pairlink._amqp.messaging import Accepted
+from pairlink._amqp.performatives import RCV_SECOND, Flow, Transfer
+from pairlink._amqp.transfer_codec import decode_transfer
 
 PAYLOAD = b"\x00\x53\x75\xa0\x03abc"  # a data section: the payload is opaque to the frame
 

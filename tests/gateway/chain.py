@@ -22,18 +22,18 @@ from typing import Any
 import attrs
 import trio
 
-from framework import handler, hosted, open_server, service
-from framework.amqp.framing import FrameReader
-from framework.amqp.messaging import Message, bare_message_span
-from framework.amqp.performatives import Attach, Detach, Transfer
-from framework.amqp.session import Session
-from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
-from framework.gateway.config import MAX_PAIRS
-from framework.io.connection import AmqpConnection
-from framework.io.links import Receiver, Sender, open_receiver, open_sender
-from framework.rpc import wire
-from framework.rpc.deadline import wall_time
-from framework.rpc.linkpair import paired_properties
+from pairlink import handler, hosted, open_server, service
+from pairlink._amqp.framing import FrameReader
+from pairlink._amqp.messaging import Message, bare_message_span
+from pairlink._amqp.performatives import Attach, Detach, Transfer
+from pairlink._amqp.session import Session
+from pairlink._gateway.config import MAX_PAIRS
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import Receiver, Sender, open_receiver, open_sender
+from pairlink._rpc import wire
+from pairlink._rpc.deadline import wall_time
+from pairlink._rpc.linkpair import paired_properties
+from pairlink.gateway import Gateway, GatewayConfig, Route, open_gateway
 from services.echo import Echo
 
 LOOPBACK = "127.0.0.1"

@@ -23,20 +23,20 @@ import pytest
 import structlog
 import trio
 
-from framework import connect, hosted, open_server
-from framework.amqp import errors as conditions
-from framework.amqp.connection import Connection
-from framework.amqp.events import ConnectionOpened
-from framework.amqp.framing import FrameReader, encode_frame
-from framework.amqp.messaging import Source, Target
-from framework.amqp.performatives import ROLE_SENDER, Attach, Begin, Close, Detach, End
-from framework.amqp.session import Session
-from framework.errors import LinkDetachedError
-from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
-from framework.io import net
-from framework.io.connection import AmqpConnection
-from framework.io.links import Receiver, Sender
-from framework.rpc import wire
+from pairlink import connect, hosted, open_server
+from pairlink._amqp import errors as conditions
+from pairlink._amqp.connection import Connection
+from pairlink._amqp.events import ConnectionOpened
+from pairlink._amqp.framing import FrameReader, encode_frame
+from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Close, Detach, End
+from pairlink._amqp.session import Session
+from pairlink._io import net
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import Receiver, Sender
+from pairlink._rpc import wire
+from pairlink.errors import LinkDetachedError
+from pairlink.gateway import Gateway, GatewayConfig, Route, open_gateway
 from services.echo import Echo
 from tests.gateway.chain import (
     CLIENT_ID,

@@ -22,10 +22,10 @@ import trio
 import trio.testing
 from proton import Message as ProtonMessage
 
-from framework import Client, connect, hosted, open_server
-from framework.amqp import errors as conditions
-from framework.amqp.messaging import Accepted, Error, Rejected
-from framework.amqp.performatives import (
+from pairlink import Client, connect, hosted, open_server
+from pairlink._amqp import errors as conditions
+from pairlink._amqp.messaging import Accepted, Error, Rejected
+from pairlink._amqp.performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
     Attach,
@@ -33,17 +33,17 @@ from framework.amqp.performatives import (
     Disposition,
     Flow,
 )
-from framework.errors import (
+from pairlink._io import net
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import Receiver, Sender, open_receiver, open_sender
+from pairlink._rpc import wire
+from pairlink._rpc.linkpair import is_paired, paired_properties
+from pairlink.errors import (
     AuthenticationError,
     ConnectionLostError,
     LinkDetachedError,
     PairlinkError,
 )
-from framework.io import net
-from framework.io.connection import AmqpConnection
-from framework.io.links import Receiver, Sender, open_receiver, open_sender
-from framework.rpc import wire
-from framework.rpc.linkpair import is_paired, paired_properties
 from services.echo import Echo
 from tests.gateway.chain import (
     APPS_PASSWORD,
@@ -578,7 +578,7 @@ class CoProcess:
         argv = [
             sys.executable,
             "-m",
-            "framework",
+            "pairlink",
             "serve",
             "services.echo",
             "--listen",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.cli import main
+from pairlink._cli import main
 from tests.test_client_cli import Served, restore_logging  # noqa: F401 - autouse fixture
 
 
@@ -28,7 +28,7 @@ def gateway_config(upstream: str, *, password_env: str = "") -> str:
 
 def run_gateway_command(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "framework", "gateway", "--config", str(config)],
+        [sys.executable, "-m", "pairlink", "gateway", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=30,
@@ -91,10 +91,15 @@ def test_gateway_relays_a_call_then_stops_on_sigterm(
 
 @pytest.mark.timeout(90)
 def test_the_two_orgs_example_runs() -> None:
-    """examples/two_orgs/run.py, as its README runs it (fixed ports 25671-25673)."""
-    script = Path(__file__).resolve().parents[2] / "examples" / "two_orgs" / "run.py"
+    """examples/two_orgs/run.py, as its README runs it, from the checkout's root (fixed ports
+    25671-25673)."""
     done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=80, check=False
+        [sys.executable, "-m", "examples.two_orgs.run"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=80,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

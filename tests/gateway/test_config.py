@@ -1,5 +1,5 @@
 """Gateway config: a valid file read in full, and every kind of mistake refused with the file,
-line and key in the message (framework/gateway/config.py, framework/io/toml_lines.py)."""
+line and key in the message (pairlink._gateway.config, pairlink._io.toml_lines)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from framework.gateway.config import (
-    MAX_PAIRS,
-    ConfigError,
-    GatewayConfig,
-    Route,
-    load_config,
-    parse_config,
-)
-from framework.io.limits import Limits
-from framework.io.toml_lines import KeyLines, dotted
+from pairlink._gateway.config import MAX_PAIRS, GatewayConfig, Route, load_config, parse_config
+from pairlink._io.limits import Limits
+from pairlink._io.toml_lines import KeyLines, dotted
+from pairlink.errors import ConfigError
 from tests.tls import TlsFiles
 
 ENV = {"GN_APPS_PASSWORD": "apps-secret", "GN_OPS_PASSWORD": "ops-secret", "GN_UP": "up-secret"}

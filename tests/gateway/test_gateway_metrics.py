@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework import connect, open_server
-from framework.client.health import SERVING, check_health
-from framework.errors import RemoteError
-from framework.gateway import Gateway, GatewayConfig, Route, open_gateway
-from framework.gateway.config import MAX_PAIRS, ConfigError, parse_config
-from framework.io.net import AmqpUrl
-from framework.server.serving import Server
+from pairlink import connect, open_server
+from pairlink._client.health import SERVING, check_health
+from pairlink._gateway.config import MAX_PAIRS, parse_config
+from pairlink._io.net import AmqpUrl
+from pairlink._server.serving import Server
+from pairlink.errors import ConfigError, RemoteError
+from pairlink.gateway import Gateway, GatewayConfig, Route, open_gateway
 from services.echo import Echo
 from tests.scraping import scrape
 from tests.service_peers import wait_for
@@ -91,7 +91,7 @@ async def test_a_gateway_without_metrics_has_no_registry() -> None:
 
 
 async def _health_cli(*args: str) -> tuple[int, str, str]:
-    argv = [sys.executable, "-m", "framework", "health", *args]
+    argv = [sys.executable, "-m", "pairlink", "health", *args]
     with trio.fail_after(WITHIN):
         done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
     return done.returncode, done.stdout.decode(), done.stderr.decode()

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from framework import connect
-from framework.amqp.connection import Connection
-from framework.amqp.performatives import Flow, Transfer
-from framework.gateway.relay import Hop
+from pairlink import connect
+from pairlink._amqp.connection import Connection
+from pairlink._amqp.performatives import Flow, Transfer
+from pairlink._gateway.relay import Hop
 from tests.gateway.chain import CLIENT_ID, PUBLIC, SLOW, Chain, Decoded, open_chain, wait_until
 
 CALLS = 30

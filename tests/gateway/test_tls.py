@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from framework import connect, hosted, open_server
-from framework.errors import ConnectionLostError, LinkDetachedError
-from framework.gateway import GatewayConfig, Route, open_gateway
+from pairlink import connect, hosted, open_server
+from pairlink.errors import ConnectionLostError, LinkDetachedError
+from pairlink.gateway import GatewayConfig, Route, open_gateway
 from services.echo import Echo
 from tests.tls import CLIENT_IDENTITY, TlsFiles, make_tls_files
 

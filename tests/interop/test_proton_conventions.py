@@ -23,9 +23,9 @@ from proton import Message, int32, symbol, uint
 from proton.reactor import LinkOption
 from proton.utils import BlockingConnection
 
-from framework import RemoteError, connect, handler, open_server, service
-from framework.rpc import wire
-from framework.server.serving import Server
+from pairlink import RemoteError, connect, handler, open_server, service
+from pairlink._rpc import wire
+from pairlink._server.serving import Server
 from services.echo import Echo
 from tests.interop.proton_peers import ProtonServer, open_blocking, run_client
 

@@ -16,12 +16,11 @@ from typing import Any
 import pytest
 import trio
 
-from framework.amqp import errors
-from framework.amqp.link import Link
-from framework.amqp.messaging import Accepted, Message, Properties, Rejected
-from framework.errors import AuthenticationError, ConnectionLostError
-from framework.io.connection import AmqpConnection
-from framework.io.links import (
+from pairlink._amqp import errors
+from pairlink._amqp.link import Link
+from pairlink._amqp.messaging import Accepted, Message, Properties, Rejected
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.links import (
     Receiver,
     Sender,
     accept_receiver,
@@ -29,8 +28,9 @@ from framework.io.links import (
     open_receiver,
     open_sender,
 )
-from framework.io.listener import Listener, listen
-from framework.io.net import connect
+from pairlink._io.listener import Listener, listen
+from pairlink._io.net import connect
+from pairlink.errors import AuthenticationError, ConnectionLostError
 from tests.interop.proton_peers import (
     ProtonServer,
     blocking_receive,

@@ -16,9 +16,9 @@ from proton import Message, symbol
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 
-from framework import open_server
-from framework.rpc import wire
-from framework.server.serving import Server
+from pairlink import open_server
+from pairlink._rpc import wire
+from pairlink._server.serving import Server
 from services.echo import Echo
 from tests.interop.proton_common import client_ssl_domain
 from tests.interop.proton_peers import ProtonClient

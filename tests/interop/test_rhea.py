@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import trio
 
-from framework import connect, open_server
-from framework.errors import RemoteError
-from framework.rpc import wire
-from framework.rpc.linkpair import LINK_PAIR_V1_0
-from framework.server.serving import Server
+from pairlink import connect, open_server
+from pairlink._rpc import wire
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0
+from pairlink._server.serving import Server
+from pairlink.errors import RemoteError
 from services.echo import Echo
 from tests.gateway.chain import (
     APPS_PASSWORD,

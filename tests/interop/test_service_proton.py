@@ -15,9 +15,9 @@ import pytest
 import trio
 from proton import Message
 
-from framework import open_server
-from framework.rpc import wire
-from framework.server.serving import Server
+from pairlink import open_server
+from pairlink._rpc import wire
+from pairlink._server.serving import Server
 from services.echo import Echo
 from tests.interop.proton_peers import run_client
 from tests.interop.proton_rpc import ProtonRpcClient

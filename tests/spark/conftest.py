@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from framework.spark import local_session, serve_in_thread
+from pairlink.spark import local_session, serve_in_thread
 from tests.spark.recorder import Recorder, Served
 
 

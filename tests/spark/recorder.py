@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 import trio
 
-from framework import handler, service
-from framework.server.serving import Server
+from pairlink import handler, service
+from pairlink._server.serving import Server
 
 
 @service("recorder", max_concurrency=64, mailbox=1024, dedup_window=600)

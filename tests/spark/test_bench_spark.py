@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from benchmarks.spark import enriched, text
-from framework.spark import serve_in_thread
+from pairlink.spark import serve_in_thread
 from services.enrich import Enrich, score_text
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]

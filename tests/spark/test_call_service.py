@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from framework.spark import ERROR_COLUMN, Progress, call_partitions, call_service
+from pairlink.spark import ERROR_COLUMN, Progress, call_partitions, call_service
 from tests.spark.recorder import SHAPES, Served, die_once_at, expected
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]

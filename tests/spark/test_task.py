@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 import trio
 
-from framework import handler, open_server, service
-from framework.spark._results import Column, result_arrays, result_fields
-from framework.spark._task import Chunk, Plan, message_ids, run_task
-from framework.spark.background import serve_in_thread
-from framework.spark.progress import Tally
+from pairlink import handler, open_server, service
+from pairlink._spark._results import Column, result_arrays, result_fields
+from pairlink._spark._task import Chunk, Plan, message_ids, run_task
+from pairlink._spark.background import serve_in_thread
+from pairlink._spark.progress import Tally
 from tests.test_client_e2e import Relay
 
 
@@ -142,9 +142,9 @@ def test_values_convert_only_when_nothing_is_lost_nested_ones_too() -> None:
         result_arrays(columns, replies, [None] * len(replies), "row #{}".format, "raise")
 
 
-def test_importing_framework_spark_imports_neither_pyspark_nor_pyarrow() -> None:
+def test_importing_pairlink_spark_imports_neither_pyspark_nor_pyarrow() -> None:
     probe = (
-        "import sys, framework, framework.spark; "
+        "import sys, pairlink, pairlink.spark; "
         "print(sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -1,0 +1,1 @@
+"""The gateway behind :mod:`pairlink.gateway`: its config, routing, pairs and upstreams."""

@@ -1,0 +1,221 @@
+"""A gateway's connections to one next hop, shared by every pair routed there.
+
+The main connection is kept up by a background task: opened when the gateway starts, reopened
+with capped, jittered backoff whenever it is lost, so a restarted next hop is found again
+without waiting for traffic. While it is down, new pairs fail at once (``UpstreamUnavailable``)
+rather than wait: the requester learns in one round trip that the route is broken, and may
+retry.
+
+Each pair takes two link handles on a session, and a session has at most handle-max + 1 of them
+(ours and the next hop's, the smaller): :meth:`Upstream.place` puts each new pair on a session
+with room, begins another session when all are full, and opens another connection when the
+channel-max of one allows no more sessions. So the number of pairs is bounded by the gateway's
+``max_pairs`` alone, never by what one session or connection can hold.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import quote
+
+import trio
+
+from pairlink._amqp.session import Session, SessionState
+from pairlink._gateway.config import Route
+from pairlink._io import net
+from pairlink._io.backoff import jittered_backoff
+from pairlink._io.connection import AmqpConnection
+from pairlink._io.limits import Limits
+from pairlink._io.logs import get_logger
+from pairlink._rpc.linkpair import LINK_PAIR_V1_0, offers_pairing
+from pairlink.errors import ConnectionLostError, PairlinkError
+
+log = get_logger("pairlink.gateway")
+
+RETRY_DELAY = 0.1
+MAX_RETRY_DELAY = 5.0
+PAIR_HANDLES = 2
+"""Link handles one pair takes on its session: the sending half and the receiving half."""
+_LIVE_SESSION = (SessionState.BEGIN_SENT, SessionState.MAPPED)
+_CONNECTION_FAILURES = (*net.CONNECT_FAILURES, PairlinkError, TimeoutError)
+
+
+class UpstreamUnavailable(PairlinkError):
+    """The next hop cannot be reached now (never connected, or lost and not back yet)."""
+
+
+class Upstream:
+    """The connections to ``route.upstream`` with ``route``'s credentials (routes that share
+    both share them: many pairs on one socket, and more sockets only when one is full)."""
+
+    def __init__(
+        self,
+        route: Route,
+        *,
+        container_id: str,
+        idle_timeout: float,
+        connect_timeout: float,
+        limits: Limits,
+    ) -> None:
+        url = net.AmqpUrl.parse(route.upstream)
+        self.where = f"{url.host}:{url.port}"  # for logs only: never sent downstream
+        credentials = ""
+        if route.user is not None:
+            credentials = f"{quote(route.user, safe='')}:{quote(route.password or '', safe='')}@"
+        self._url = f"{url.scheme}://{credentials}{url.host}:{url.port}"
+        self._ssl_context = ssl.create_default_context(cafile=route.ca) if url.tls else None
+        self._container_id = container_id
+        self._idle_timeout = idle_timeout
+        self._connect_timeout = connect_timeout
+        self._limits = limits  # the next hop is a peer too: held to the same bounds
+        self.current: AmqpConnection | None = None
+        self.extra: list[AmqpConnection] = []  # opened when the others were full
+        self.sessions: dict[AmqpConnection, list[Session]] = {}  # the pairs' sessions
+        self.tried = trio.Event()  # the first attempt is over, whatever its result
+        self._failures = 0
+        self._adding = trio.Lock()  # one extra connection opens at a time
+        self._nursery: trio.Nursery | None = None
+        self._log = log.bind(upstream=self.where)
+
+    @property
+    def up(self) -> bool:
+        """The main connection is open: new pairs can go there."""
+        return self.current is not None and not self.current.closed.is_set()
+
+    async def connection(self) -> AmqpConnection:
+        """The live main connection; waits only for the very first attempt to finish."""
+        await self.tried.wait()
+        conn = self.current
+        if conn is None or conn.closed.is_set():
+            raise UpstreamUnavailable("the next hop is unreachable")
+        return conn
+
+    async def place(self) -> tuple[AmqpConnection, Session]:
+        """Where the next pair goes: a session with two handles free. Returns with no
+        checkpoint after the choice, so the caller attaches before anyone else looks."""
+        while True:
+            await self.connection()  # the main connection is up, or the route is broken
+            spot = self._room()
+            if spot is not None:
+                return spot
+            async with self._adding:  # every session is full, and no more can begin
+                if self._room() is None:
+                    await self._add_connection()
+
+    def _room(self) -> tuple[AmqpConnection, Session] | None:
+        """A session with room for a pair, beginning one on a connection that allows it."""
+        for conn in (self.current, *self.extra):
+            sessions = None if conn is None else self.sessions.get(conn)
+            if conn is None or sessions is None or conn.closed.is_set():
+                continue
+            sessions[:] = [s for s in sessions if s.state in _LIVE_SESSION]
+            for session in sessions:
+                if _free_handles(session) >= PAIR_HANDLES:
+                    return conn, session
+            try:
+                begun = conn.begin()
+            except ConnectionLostError:  # closing as we look
+                continue
+            if begun is not None:
+                sessions.append(begun)
+                self._log.info("upstream.session", conn=conn.id, sessions=len(sessions))
+                return conn, begun
+        return None
+
+    async def _add_connection(self) -> None:
+        assert self._nursery is not None
+        try:
+            conn: AmqpConnection = await self._nursery.start(self._hold_extra)
+        except _CONNECTION_FAILURES as exc:
+            self._log.warning("upstream.extra_unreachable", error=str(exc))
+            raise UpstreamUnavailable("the next hop is unreachable") from None
+        self._log.info("upstream.extra_connected", conn=conn.id, extra=len(self.extra))
+
+    async def _hold_extra(self, *, task_status: trio.TaskStatus[AmqpConnection]) -> None:
+        """One more connection, for pairs the others have no room for, until it is lost
+        (not reopened: the next pair that finds no room opens another)."""
+        conn: AmqpConnection | None = None
+        try:
+            async with self._connected() as conn:
+                self.extra.append(conn)
+                try:
+                    task_status.started(conn)
+                    await conn.closed.wait()
+                finally:
+                    self.extra.remove(conn)
+        except _CONNECTION_FAILURES as exc:
+            if conn is None:
+                raise  # to _add_connection, through nursery.start
+            self._log.warning("upstream.extra_lost", conn=conn.id, error=str(exc))
+        else:
+            self._log.info("upstream.extra_lost", conn=conn.id, error=str(conn.error or "closed"))
+
+    async def run(self) -> None:
+        """Keep the main connection up until cancelled (extra ones live in here too)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                try:
+                    await self._hold()
+                except _CONNECTION_FAILURES as exc:
+                    self._failures += 1
+                    delay = jittered_backoff(self._failures, RETRY_DELAY, MAX_RETRY_DELAY)
+                    self._log.warning(
+                        "upstream.unreachable",
+                        attempt=self._failures,
+                        retry_in=round(delay, 3),
+                        error=str(exc),
+                    )
+                else:
+                    self._failures = 1  # it was up: start again from a short delay
+                    delay = jittered_backoff(self._failures, RETRY_DELAY, MAX_RETRY_DELAY)
+                finally:
+                    self.current = None
+                    self.tried.set()
+                await trio.sleep(delay)
+
+    async def _hold(self) -> None:
+        async with self._connected() as conn:
+            self.current = conn
+            self._failures = 0
+            self.tried.set()
+            self._log.info("upstream.connected", conn=conn.id)
+            await conn.closed.wait()
+            self._log.warning("upstream.lost", error=str(conn.error or "closed"))
+
+    @asynccontextmanager
+    async def _connected(self) -> AsyncIterator[AmqpConnection]:
+        """A connection that is open and offers pairing, within the connect timeout."""
+        with trio.move_on_after(self._connect_timeout) as scope:
+            async with net.connect(
+                self._url,
+                ssl_context=self._ssl_context,
+                connect_timeout=self._connect_timeout,
+                container_id=self._container_id,
+                idle_timeout=self._idle_timeout,
+                desired_capabilities=[LINK_PAIR_V1_0],
+                max_outgoing_bytes=self._limits.max_outgoing_bytes,
+                **self._limits.engine_options(),
+            ) as conn:
+                first = conn.session  # begun now, in the same write as our open
+                await conn.wait_opened()
+                scope.deadline = math.inf
+                if not offers_pairing(conn.remote_offered_capabilities):
+                    # LP-2: we may not initiate pairs there; a configuration error to report
+                    raise UpstreamUnavailable("the next hop does not offer LINK_PAIR_V1_0")
+                self.sessions[conn] = [first]
+                try:
+                    yield conn
+                finally:
+                    del self.sessions[conn]
+        if scope.cancelled_caught:
+            raise TimeoutError(f"not connected within {self._connect_timeout} s")
+
+
+def _free_handles(session: Session) -> int:
+    """Handles still free on ``session``: its links count against the smaller handle-max of
+    the two ends (the next hop's is known once its begin has come)."""
+    return min(session.handle_max, session.remote_handle_max) + 1 - len(session.links)

@@ -1,0 +1,67 @@
+"""Every bound a listening pairlink process keeps against its peers, in one object.
+
+Each default is a documented constant beside the code that enforces it; :class:`Limits`
+gathers them so that a service (``open_server(limits=...)``) or a gateway (its config file's
+``[limits]`` table) sets them in one place, and the README can list them in one table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from pairlink._amqp.codec import MAX_ELEMENTS
+from pairlink._amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
+from pairlink._amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
+from pairlink._amqp.session import HANDLE_MAX
+from pairlink._io.connection import MAX_OUTGOING_BYTES
+from pairlink._io.listener import HANDSHAKE_TIMEOUT
+from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """The bounds of one listener's connections (see the README's "Limits" table).
+
+    ``handshake_timeout``: seconds a new connection has to finish TLS, SASL and open.
+    ``max_connections``: connections at once (None: three quarters of the open-file limit);
+    when full, the oldest one still in its handshake makes room, else a new one is refused.
+    ``max_outgoing_bytes``: what a connection holds for a peer that does not read it.
+    ``login_penalty``: seconds between login attempts from an address that just failed one.
+    ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``,
+    ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
+    (``ConnectionConfig``).
+    """
+
+    handshake_timeout: float = HANDSHAKE_TIMEOUT
+    max_connections: int | None = None
+    max_outgoing_bytes: int = MAX_OUTGOING_BYTES
+    login_penalty: float = LOGIN_PENALTY
+    max_message_size: int = MAX_MESSAGE_SIZE
+    max_incomplete_bytes: int = MAX_INCOMPLETE_BYTES
+    max_unsettled: int = MAX_UNSETTLED
+    max_decoded_elements: int = MAX_ELEMENTS
+    handle_max: int = HANDLE_MAX
+    max_links: int = MAX_LINKS
+
+    def engine_options(self) -> dict[str, Any]:
+        """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""
+        return {
+            "max_message_size": self.max_message_size,
+            "max_incomplete_bytes": self.max_incomplete_bytes,
+            "max_unsettled": self.max_unsettled,
+            "max_decoded_elements": self.max_decoded_elements,
+            "handle_max": self.handle_max,
+            "max_links": self.max_links,
+        }
+
+    def listen_options(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`pairlink._io.listener.listen`."""
+        return {
+            "handshake_timeout": self.handshake_timeout,
+            "max_connections": self.max_connections,
+            "max_outgoing_bytes": self.max_outgoing_bytes,
+            "login_throttle": LoginThrottle(penalty=self.login_penalty),
+            **self.engine_options(),
+        }

@@ -1,0 +1,101 @@
+"""A call as the actor holds it, and the protocols of where it comes from and where its reply
+goes (:mod:`pairlink._server.container` implements both; :mod:`pairlink._server.actor` uses them).
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import attrs
+
+from pairlink._amqp.link import Delivery, Link
+from pairlink._amqp.messaging import Message, Properties
+from pairlink._io.links import LinkEnd
+from pairlink._rpc.payload import Encoding
+from pairlink._rpc.tracing import TraceScope
+from pairlink._rpc.wire import Request
+from pairlink._server.context import CallContext
+from pairlink._server.mailbox import CreditedLink
+from pairlink._server.service import Operation
+
+
+class Origin(CreditedLink, Protocol):
+    """Where calls come from, as the actor sees it (:class:`pairlink._server.container.
+    RequestLink`): the mailbox's view, plus outcomes and reply routing (LP-8)."""
+
+    @property
+    def end(self) -> LinkEnd: ...
+    def release(self) -> None: ...
+    def set_outcome(self, delivery: Delivery, state: Any) -> None: ...
+    def route_for(self, reply_to: object) -> Route | None: ...
+    def why_unroutable(self, reply_to: object) -> tuple[str, str]: ...
+
+
+def log_ids(origin: Origin, message_id: Any) -> dict[str, Any]:
+    """What ties a log line to its call: its connection, request link and message-id."""
+    return {"conn": origin.end.conn.id, "link": origin.link.name, "message_id": message_id}
+
+
+class Route(Protocol):
+    """Where replies go, as the actor sees it (:class:`pairlink._server.container.ReplyLink`)."""
+
+    to: str | None
+
+    @property
+    def usable(self) -> bool: ...
+    @property
+    def link(self) -> Link: ...
+    def deliver(
+        self, payload: bytes, origin: Origin, request_settled: bool, through: bool = False
+    ) -> bool: ...
+
+
+class CallObserver(Protocol):
+    """Told of each request's arrival and of its answer's status-code (the server's metrics,
+    :class:`pairlink._server.metrics.CallMetrics`)."""
+
+    def arrived(self, delivery: Delivery) -> None: ...
+    def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
+
+
+@attrs.define(slots=True, eq=False)
+class Call:
+    """A checked call waiting in the mailbox (or running)."""
+
+    operation: Operation
+    args: list[Any]
+    kwargs: dict[str, Any]
+    request: Request
+    route: Route
+    origin: Origin
+    delivery: Delivery
+    service: str  # its address, as this server serves it
+    key: str | None = None  # its message-id, while it is the running copy of a tracked id
+    context: CallContext | None = None  # built when its handler first asks (current_call)
+    trace_scope: TraceScope | None = None  # its trace, when traced (pairlink._rpc.tracing)
+
+    def call_context(self) -> CallContext:
+        """The handler's view of this call, built once, on demand: most handlers never ask."""
+        if self.context is None:
+            conn = self.origin.end.conn
+            opened = conn.engine.remote_open
+            request = self.request
+            self.context = CallContext(
+                message_id=request.message_id,
+                user=conn.sasl_identity,
+                container_id=None if opened is None else opened.container_id,
+                peer=conn.peer,
+                deadline=request.deadline,
+                application_properties=MappingProxyType(request.application_properties),
+                service=self.service,
+                operation=self.operation.name,
+            )
+        return self.context
+
+
+def bare_request(message: Message) -> Request:
+    """Just enough of an unparseable request to address an error reply to it."""
+    props = message.properties or Properties()
+    reply_to = None if props.reply_to is None else str(props.reply_to)
+    return Request("", [], {}, props.message_id, reply_to, Encoding.AMQP_VALUE, None, message)

@@ -1,0 +1,233 @@
+"""The worker side of a fan-out: one Spark task's rows as pipelined calls on one connection.
+
+Spark hands a task's rows to a plain generator (``mapInArrow`` and ``mapPartitions`` both take
+an iterator and want one back), and the generator must yield its results from the thread that
+called it. Trio therefore runs in a thread of its own for the task's lifetime (``trio.run`` per
+task, so nothing is left behind when a task fails or the worker is reused): it reads the input
+chunks (Arrow batches, or slices of an RDD partition) from a helper thread, calls the service
+for every row with at most ``in_flight`` calls outstanding, and hands each chunk back, in input
+order, once all its rows are answered. The generator only waits for finished chunks; at most
+``CHUNKS_AHEAD`` chunks are in progress, so a partition is never gathered whole.
+
+The client is made here, inside the task, never shipped from the driver: Python workers fork,
+and a connection belongs to one process. A lost connection is re-established with backoff (the
+client's ``reconnect``) and each unanswered call is sent again with the same message-id, so a
+deduplicating service answers a call that did run from its store instead of running it twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Generator
+from typing import Any, Generic, Literal, TypeVar
+
+import attrs
+import trio
+
+from pairlink._client.client import Client, connect
+from pairlink._io.logs import get_logger
+from pairlink._io.taskgroups import lone_errors_unwrapped
+from pairlink._io.threads import start_trio_thread
+from pairlink._spark._reporter import Counts, report
+from pairlink.errors import ConnectionLostError, RemoteError
+
+log = get_logger("pairlink.spark")
+
+P = TypeVar("P")
+OnError = Literal["raise", "column"]
+
+CHUNKS_AHEAD = 2
+"""Chunks read ahead of the one being answered: enough to keep ``in_flight`` calls going across
+a chunk boundary, few enough that a task's memory stays a few chunks."""
+
+
+@attrs.frozen
+class Plan:
+    """Everything a task needs to make its calls; pickled into the Spark closure."""
+
+    url: str
+    address: str
+    operation: str
+    in_flight: int
+    timeout: float
+    on_error: OnError
+    run_id: str
+    connect_timeout: float
+    progress_url: str | None = None
+
+
+@attrs.define(eq=False)
+class Chunk(Generic[P]):
+    """A slice of a task's input and its answers: ``values[i]`` (None if row ``i`` failed),
+    ``errors[i]`` (None if it succeeded)."""
+
+    payload: P
+    args: list[tuple[Any, ...]]
+    ids: list[str] | None  # the message-ids from the rows' keys, None: numbered per task
+    values: list[Any] = attrs.field(init=False)
+    errors: list[str | None] = attrs.field(init=False)
+    left: int = attrs.field(init=False)
+    done: trio.Event = attrs.field(init=False, factory=trio.Event)
+
+    def __attrs_post_init__(self) -> None:
+        self.values = [None] * len(self.args)
+        self.errors = [None] * len(self.args)
+        self.left = len(self.args)
+
+
+class _Calls(Generic[P]):
+    """One task's Trio side: the connection, the in-flight bound, the ordered output."""
+
+    def __init__(self, plan: Plan, reader: Callable[[], Chunk[P] | None]) -> None:
+        self.plan = plan
+        self.reader = reader
+        self.counts = Counts()
+        self.failure: BaseException | None = None
+        self.prefix = f"{plan.run_id}:{uuid.uuid4().hex}:"  # ids of rows without a key
+        self.sequence = 0
+        self.scope = trio.CancelScope()
+        self.out_send, self.out_recv = trio.open_memory_channel[Chunk[P]](0)
+
+    async def main(self, *, task_status: trio.TaskStatus[None]) -> None:
+        """The task's calls, in the Trio thread; started at once (the Spark thread then waits
+        on ``out_recv``). A lone failure is raised as itself, not in nested groups."""
+        task_status.started()
+        with lone_errors_unwrapped():
+            await self._main()
+
+    async def _main(self) -> None:
+        plan = self.plan
+        connected = False
+        with self.scope:
+            async with self.out_send:
+                try:
+                    async with connect(
+                        plan.url,
+                        timeout=plan.timeout,
+                        reconnect=True,
+                        connect_timeout=plan.connect_timeout,
+                        reply_credit=max(2, 2 * plan.in_flight),
+                    ) as client:
+                        connected = True
+                        await self._run(client)
+                except (OSError, TimeoutError) as exc:
+                    if connected:
+                        raise
+                    raise ConnectionLostError(
+                        f"cannot reach the service {plan.address!r} at {plan.url}: {exc}"
+                    ) from exc
+        if self.failure is not None:
+            raise self.failure
+
+    async def _run(self, client: Client) -> None:
+        limiter = trio.Semaphore(self.plan.in_flight)
+        pending_send, pending_recv = trio.open_memory_channel[Chunk[P]](CHUNKS_AHEAD)
+        emitted = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._emit, pending_recv, emitted)
+            if self.plan.progress_url is not None:
+                nursery.start_soon(
+                    report, self.plan.progress_url, self.plan.run_id, self.counts, emitted
+                )
+            async with pending_send:
+                # abandoned if cancelled: the reader may wait on an input nobody will finish
+                read = functools.partial(
+                    trio.to_thread.run_sync, self.reader, abandon_on_cancel=True
+                )
+                while (chunk := await read()) is not None:
+                    await pending_send.send(chunk)
+                    if not chunk.args:
+                        chunk.done.set()
+                    for index in range(len(chunk.args)):
+                        await limiter.acquire()
+                        nursery.start_soon(self._one, client, chunk, index, limiter)
+
+    async def _emit(
+        self, pending: trio.MemoryReceiveChannel[Chunk[P]], emitted: trio.Event
+    ) -> None:
+        """Hand chunks to the Spark thread in input order, each once all its rows are in."""
+        async with pending:
+            async for chunk in pending:
+                await chunk.done.wait()
+                await self.out_send.send(chunk)
+        emitted.set()
+
+    async def _one(
+        self, client: Client, chunk: Chunk[P], index: int, limiter: trio.Semaphore
+    ) -> None:
+        try:
+            if chunk.ids is not None:
+                message_id = chunk.ids[index]
+            else:
+                self.sequence += 1
+                message_id = f"{self.prefix}{self.sequence}"
+            chunk.values[index] = await self._call(client, chunk.args[index], message_id)
+        except RemoteError as exc:
+            if self.plan.on_error == "raise":
+                self._fail(exc)
+                return
+            chunk.errors[index] = str(exc)
+            self.counts.errors += 1
+        except Exception as exc:  # no answer at all: the task fails (and Spark retries it)
+            self._fail(exc)
+            return
+        finally:
+            limiter.release()
+        self.counts.rows += 1
+        chunk.left -= 1
+        if chunk.left == 0:
+            chunk.done.set()
+
+    async def _call(self, client: Client, args: tuple[Any, ...], message_id: str) -> Any:
+        """One row's call; after a lost connection, the same call again (same message-id)
+        on the client's next connection, until the row's ``timeout`` has passed."""
+        plan = self.plan
+        deadline = trio.current_time() + plan.timeout
+        while True:
+            left = deadline - trio.current_time()
+            try:
+                return await client.call(
+                    plan.address, plan.operation, *args, timeout=left, message_id=message_id
+                )
+            except ConnectionLostError as exc:
+                if trio.current_time() >= deadline:
+                    raise
+                log.info("spark.resend", message_id=message_id, error=str(exc))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.failure is None:
+            self.failure = exc
+        self.scope.cancel()
+
+
+def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chunk[P], None, None]:
+    """Answer every chunk ``reader`` returns (until it returns None), yielding them in order.
+
+    ``reader`` runs in a helper thread: it may block on Spark's input. A failure, local or
+    remote (``on_error="raise"``), is raised here, in the Spark thread, as itself."""
+    calls = _Calls(plan, reader)
+    thread = start_trio_thread(calls.main, name="pairlink-spark-task")
+    try:
+        while True:
+            try:
+                chunk = thread.run(calls.out_recv.receive)
+            except (trio.EndOfChannel, trio.RunFinishedError):
+                break
+            yield chunk
+    except BaseException:  # the consumer stopped early (GeneratorExit): end the calls now
+        thread.stop()
+        raise
+    # not stopped: a cancel landing while the calls clean up after a failure would lose it
+    thread.join()  # raises the task's failure
+
+
+def message_ids(run_id: str, keys: list[Any], column: str) -> list[str]:
+    """The message-id of each row: ``<run_id>:<key>``, stable across task retries. Keys must
+    be unique: a repeated key would get the first row's reply (checked within a chunk)."""
+    if any(key is None for key in keys):
+        raise ValueError(f"the key column {column!r} has a null: every row needs a key")
+    ids = [f"{run_id}:{key}" for key in keys]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"the key column {column!r} repeats a key: every row needs its own")
+    return ids

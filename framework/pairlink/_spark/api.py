@@ -1,0 +1,298 @@
+"""The driver side: ``call_service`` for DataFrames, ``call_partitions`` for RDDs.
+
+Both only check their arguments and build a picklable :class:`~pairlink._spark._task.Plan`;
+the calls happen when Spark runs the tasks (:mod:`pairlink._spark._task`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from pairlink._spark._results import Column, result_arrays
+from pairlink._spark._task import Chunk, OnError, Plan, message_ids, run_task
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import RDD
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+    from pairlink._spark.progress import Progress
+
+ERROR_COLUMN = "_error"
+RDD_CHUNK = 1000
+"""Rows of an RDD partition read at a time (an Arrow batch is a chunk of its own)."""
+
+
+def local_session(
+    master: str = "local[2]", app_name: str = "pairlink", **conf: str
+) -> SparkSession:
+    """A local SparkSession set up for pairlink: the workers run this interpreter
+    (``PYSPARK_PYTHON``: another one would import another trio, or none), Spark binds
+    127.0.0.1 (``SPARK_LOCAL_IP``), and Spark's own console progress bar is off so that
+    :class:`~pairlink._spark.progress.Progress` can draw. ``conf``: more Spark settings."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.driver.host": "127.0.0.1",
+        **conf,
+    }
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _checked(
+    url: str, in_flight: int, timeout: float, on_error: str, connect_timeout: float
+) -> None:
+    if not url.startswith(("amqp://", "amqps://")):
+        raise ValueError(f"url must be amqp://host:port or amqps://..., not {url!r}")
+    if not isinstance(in_flight, int) or in_flight < 1:
+        raise ValueError("in_flight must be an int >= 1")
+    for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be a finite number of seconds > 0")
+    if on_error not in ("raise", "column"):
+        raise ValueError(f'on_error must be "raise" or "column", not {on_error!r}')
+
+
+def call_service(
+    df: DataFrame,
+    *,
+    url: str,
+    address: str,
+    operation: str,
+    args: Sequence[str],
+    result_schema: str | StructType,
+    key: str | None = None,
+    in_flight: int = 200,
+    timeout: float = 30.0,
+    on_error: OnError = "raise",
+    run_id: str | None = None,
+    progress: Progress | None = None,
+    connect_timeout: float = 10.0,
+) -> DataFrame:
+    """``df`` with the reply to one call per row as new columns (lazy, like any transformation).
+
+    Each row calls ``operation`` of the service at ``address`` with the values of the ``args``
+    columns as positional arguments. The reply fills the ``result_schema`` columns (a DDL
+    string such as ``"score double, label string"`` or a ``StructType``): a dict gives them by
+    name, a list or tuple by position, and a plain value the single column of a one-column
+    schema (a None reply: nulls). Values convert only when nothing is lost: 2.0 fills an int
+    column, 0.89 does not; an int fills a double column if the double holds it exactly; a bool
+    is not an int, nor a string a number. A reply that does not fit (a field missing, a value
+    of another kind) is an error naming the row (``key=value``, else its position in its
+    partition), the column and the value, handled as ``on_error`` says. Rows keep their
+    order; the input columns come through unchanged.
+
+    ``key``: a column whose value identifies the row; the call's message-id is then
+    ``<run_id>:<key>``, the same when Spark retries the task, so a service with
+    ``dedup_window`` runs each key's handler once. ``run_id`` (default: a new id per
+    ``call_service`` call) scopes the keys: retries and recomputations of this DataFrame share
+    it, another ``call_service`` does not. Without ``key`` every task attempt numbers its
+    calls afresh (resends after a lost connection still reuse their ids).
+
+    ``in_flight``: calls a task has outstanding at most. ``timeout``: seconds a row may take,
+    resends after a lost connection included. ``on_error="raise"`` fails the task with the
+    service's error (a ``RemoteError`` naming its status, type and message) or a reply's
+    (a ``ValueError``); ``"column"`` puts it in a string column ``_error`` (null when the row
+    succeeded) with null results.
+    Either way a call that gets no answer at all (the service unreachable, the row's timeout
+    passed) fails the task, which Spark may retry. ``progress``: report rows to that
+    :class:`~pairlink._spark.progress.Progress`.
+    """
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    _checked(url, in_flight, timeout, on_error, connect_timeout)
+    result = _result_struct(df, result_schema)
+    columns = set(df.columns)
+    missing = [c for c in [*args, *([key] if key else [])] if c not in columns]
+    if missing:
+        raise ValueError(f"no such column(s) in the DataFrame: {', '.join(missing)}")
+    added = [f.name for f in result.fields] + ([ERROR_COLUMN] if on_error == "column" else [])
+    clash = [name for name in added if name in columns]
+    if clash:
+        raise ValueError(f"the DataFrame already has column(s) {', '.join(clash)}")
+    fields = list(df.schema.fields)
+    fields += [StructField(f.name, f.dataType, nullable=True) for f in result.fields]
+    if on_error == "column":
+        fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
+    plan = _plan(url, address, operation, in_flight, timeout, on_error, run_id, progress)
+    plan = attrs.evolve(plan, connect_timeout=connect_timeout)
+    spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
+    return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
+
+
+def call_partitions(
+    rdd: RDD[Any],
+    *,
+    url: str,
+    address: str,
+    operation: str,
+    args: Callable[[Any], Sequence[Any]] | None = None,
+    key: Callable[[Any], Any] | None = None,
+    in_flight: int = 200,
+    timeout: float = 30.0,
+    on_error: OnError = "raise",
+    run_id: str | None = None,
+    progress: Progress | None = None,
+    connect_timeout: float = 10.0,
+) -> RDD[Any]:
+    """The RDD form of :func:`call_service`: ``(row, reply)`` for every row, in order
+    (``(row, reply, error)`` with ``on_error="column"``). ``args(row)`` gives the call's
+    positional arguments (default: the row itself if it is a tuple or list, else the row as
+    the one argument); ``key(row)`` the row's stable key. Other parameters as for
+    ``call_service``."""
+    _checked(url, in_flight, timeout, on_error, connect_timeout)
+    plan = _plan(url, address, operation, in_flight, timeout, on_error, run_id, progress)
+    plan = attrs.evolve(plan, connect_timeout=connect_timeout)
+    task = functools.partial(_map_rows, plan, args, key)
+    return rdd.mapPartitions(task, preservesPartitioning=True)
+
+
+# -- the plan ----------------------------------------------------------------------------------
+
+
+def _plan(
+    url: str,
+    address: str,
+    operation: str,
+    in_flight: int,
+    timeout: float,
+    on_error: OnError,
+    run_id: str | None,
+    progress: Progress | None,
+) -> Plan:
+    if progress is not None and progress.url is None and progress.side_channel:
+        raise ValueError("pass the Progress inside its `with` block (it listens from there)")
+    return Plan(
+        url=url,
+        address=address,
+        operation=operation,
+        in_flight=in_flight,
+        timeout=timeout,
+        on_error=on_error,
+        run_id=run_id or uuid.uuid4().hex,
+        connect_timeout=10.0,
+        progress_url=progress.url if progress is not None else None,
+    )
+
+
+def _result_struct(df: DataFrame, schema: str | StructType) -> StructType:
+    from pyspark.sql.types import StructType
+
+    if isinstance(schema, StructType):
+        return schema
+    parsed = df.sparkSession.createDataFrame([], schema).schema
+    if not parsed.fields:
+        raise ValueError(f"result_schema {schema!r} names no columns")
+    return parsed
+
+
+def _columns(result: StructType) -> tuple[Column, ...]:
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return tuple(
+        Column(f.name, f.dataType.simpleString(), to_arrow_type(f.dataType)) for f in result.fields
+    )
+
+
+# -- in the tasks ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _ArrowPlan:
+    """What a ``mapInArrow`` task needs beyond the :class:`Plan`: which columns are the
+    arguments and the key, and the result columns."""
+
+    plan: Plan
+    args: tuple[str, ...]
+    key: str | None
+    result: tuple[Column, ...]
+
+
+def _map_batches(spec: _ArrowPlan, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    import pyarrow as pa
+
+    plan = spec.plan
+
+    def read() -> Chunk[pa.RecordBatch] | None:
+        batch = next(batches, None)
+        if batch is None:
+            return None
+        columns = [batch.column(name).to_pylist() for name in spec.args]
+        rows = list(zip(*columns, strict=True)) if columns else [()] * batch.num_rows
+        ids = None
+        if spec.key is not None:
+            ids = message_ids(plan.run_id, batch.column(spec.key).to_pylist(), spec.key)
+        return Chunk(batch, rows, ids)
+
+    out_names = [column.name for column in spec.result]
+    if plan.on_error == "column":
+        out_names.append(ERROR_COLUMN)
+    rows_before = 0  # in this partition, before the chunk
+    with contextlib.closing(run_task(plan, read)) as chunks:  # a bad reply ends the calls
+        for chunk in chunks:
+            batch = chunk.payload
+            row_name = functools.partial(_row_name, spec.key, batch, rows_before)
+            arrays = result_arrays(spec.result, chunk.values, chunk.errors, row_name, plan.on_error)
+            if plan.on_error == "column":
+                arrays.append(pa.array(chunk.errors, type=pa.string()))
+            rows_before += batch.num_rows
+            yield pa.RecordBatch.from_arrays(
+                [*batch.columns, *arrays], names=[*batch.schema.names, *out_names]
+            )
+
+
+def _row_name(key: str | None, batch: pa.RecordBatch, rows_before: int, index: int) -> str:
+    """A row for an error message: its key, else its position in its partition."""
+    if key is not None:
+        return f"row {key}={batch.column(key)[index].as_py()!r}"
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    partition = f" of partition {context.partitionId()}" if context is not None else ""
+    return f"row #{rows_before + index}{partition}"
+
+
+def _map_rows(
+    plan: Plan,
+    args: Callable[[Any], Sequence[Any]] | None,
+    key: Callable[[Any], Any] | None,
+    rows: Iterable[Any],
+) -> Iterator[tuple[Any, ...]]:
+    source = iter(rows)
+
+    def read() -> Chunk[list[Any]] | None:
+        chunk = list(itertools.islice(source, RDD_CHUNK))
+        if not chunk:
+            return None
+        if args is not None:
+            arguments = [tuple(args(row)) for row in chunk]
+        else:
+            arguments = [tuple(row) if isinstance(row, tuple | list) else (row,) for row in chunk]
+        ids = None if key is None else message_ids(plan.run_id, [key(r) for r in chunk], "key")
+        return Chunk(chunk, arguments, ids)
+
+    for chunk in run_task(plan, read):
+        if plan.on_error == "column":
+            yield from zip(chunk.payload, chunk.values, chunk.errors, strict=True)
+        else:
+            yield from zip(chunk.payload, chunk.values, strict=True)
