@@ -15,6 +15,7 @@ Deadlines, two layers, so that a hang fails one test instead of eating CI's time
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -23,7 +24,8 @@ import pytest
 import trio
 import trio.testing
 
-from pairlink._rpc import deadline, wire
+from pairlink._amqp.fast_paths import FAST_PATHS
+from pairlink._rpc import deadline
 from tests.interop.proton_server import prepare_cyrus
 from tests.tls import TlsFiles, make_tls_files
 
@@ -132,20 +134,9 @@ def io_clock() -> Iterator[trio.testing.MockClock]:
 
 
 @pytest.fixture
-def fast_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], list[bool]]:
-    """``fast_reads("read_request")``: from then on, whether each read by that fast-path
-    reader of ``pairlink._rpc.wire`` took its message (True) or left it to the general path."""
-
-    def track(name: str) -> list[bool]:
-        read: list[bool] = []
-        original = getattr(wire, name)
-
-        def counted(payload: bytes) -> Any:
-            quick = original(payload)
-            read.append(quick is not None)
-            return quick
-
-        monkeypatch.setattr(wire, name, counted)
-        return read
-
-    return track
+def fast_reads() -> Iterator[Callable[[str], list[bool]]]:
+    """``fast_reads("request")``: from then on, whether each read by that fast path (its name
+    in ``pairlink._amqp.fast_paths.FAST_PATHS``) took its input (True) or left it to the
+    general path."""
+    with contextlib.ExitStack() as stack:
+        yield lambda name: stack.enter_context(FAST_PATHS[name].recorded())

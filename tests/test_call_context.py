@@ -96,7 +96,7 @@ async def test_a_call_read_without_its_message_shows_the_same_call(
     """A call as our client sends it is read without building its message
     (``wire.read_request``): the handler still sees its message-id, deadline, caller and the
     operation's application-properties."""
-    read = fast_reads("read_request")
+    read = fast_reads("request")
     async with (
         open_server(Ctx(), listen="amqp://127.0.0.1:0") as server,
         connect(server.url, container_id="caller-8") as client,

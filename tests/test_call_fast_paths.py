@@ -1,11 +1,13 @@
 """The fast paths of a call's messages give exactly what the general paths give, for any bytes.
 
-A service reads each request with ``wire.read_request``, without the message, and any message
-in the layout our client writes through ``Message.decode`` in one pass (messaging.py's
-``_decode_usual``); a client reads each reply's id and value with ``wire.read_reply``, without
-the message. Each is compared here with the general path on the bytes our encoders write
-(which they must take) and on those bytes damaged: flipped, cut short or extended, where they
-must give the general path's result or step aside.
+A service reads each request with ``wire.read_request`` (the fast path ``wire.REQUEST``),
+without the message, and any message in the layout our client writes through ``Message.decode``
+in one pass (``messaging.USUAL_MESSAGE``); a client reads each reply's id and value with
+``wire.read_reply`` (``wire.REPLY``), without the message. The layouts live in
+``pairlink._amqp.call_layout``; the general paths are reached by switching a fast path off
+through its registry (``pairlink._amqp.fast_paths``). Each is compared here with the general
+path on the bytes our encoders write (which they must take) and on those bytes damaged:
+flipped, cut short or extended, where they must give the general path's result or step aside.
 """
 
 from __future__ import annotations
@@ -58,8 +60,7 @@ def damaged(draw: st.DrawFn, payload: bytes) -> bytes:
 
 
 def _general_decode(payload: bytes) -> Any:
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(messaging, "_decode_usual", lambda _payload, _max: None)
+    with messaging.USUAL_MESSAGE.off():
         return _outcome(Message.decode, payload)
 
 
@@ -111,7 +112,9 @@ def test_request_decode_matches_the_general_path(payload: bytes) -> None:
 
 def test_usual_request_takes_the_fast_path() -> None:
     payload = wire.encode_request("echo", (b"x" * 64,), {}, message_id=12345, now=NOW, timeout=30.0)
-    quick = messaging._decode_usual(payload, 1000)
+    with messaging.USUAL_MESSAGE.recorded() as taken:
+        quick = Message.decode(payload)
+    assert taken == [True]
     assert quick is not None
     assert _outcome(lambda _p: quick, payload) == _general_decode(payload)
 
@@ -119,8 +122,7 @@ def test_usual_request_takes_the_fast_path() -> None:
 def _general_request(payload: bytes) -> Any:
     """What a service made of ``payload`` before ``read_request``: the message, decoded by the
     general path, and the request ``parse_request`` reads from it (None: refused)."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(messaging, "_decode_usual", lambda _payload, _max: None)
+    with messaging.USUAL_MESSAGE.off():
         try:
             message = Message.decode(payload)
             return message, wire.parse_request(message, now=NOW)
@@ -254,7 +256,7 @@ async def test_calls_and_requests_share_a_pair_each_read_its_own_way(
     """Over real TCP: a call's reply is read by ``read_reply``, a ``request``'s on the same
     pair whole (it wants the message), a failure through the general path, all in flight
     together, every one matched to its caller."""
-    read = fast_reads("read_reply")
+    read = fast_reads("reply")
     async with (
         open_server(Echo, listen="amqp://127.0.0.1:0") as server,
         connect(server.url, timeout=10) as client,

@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeAlias
 
 import attrs
 
+from pairlink._amqp.call_layout import USUAL_HEADER, read_usual_request
 from pairlink._amqp.codec import (
     DECODE_FAULTS,
     MAX_ELEMENTS,
@@ -30,9 +31,9 @@ from pairlink._amqp.codec import (
 )
 from pairlink._amqp.described import class_decoder, composite, restricted, value_decoder
 from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.fast_paths import register
 from pairlink._amqp.scalars import PLAIN_SCALARS, encode_binary
 from pairlink._amqp.types import Symbol, amqp_field
-from pairlink._amqp.usual_request import USUAL_HEADER, read_usual
 
 __all__ = [
     "DIST_COPY",
@@ -407,7 +408,7 @@ class Message:
         ``MAX_ELEMENTS``: what bounds the memory and time one message may cost to decode).
 
         A message without a body section (Proton writes those) decodes with ``body=None``. A
-        call's request as our client writes it is read in one pass first (``_decode_usual``).
+        call's request as our client writes it is read in one pass first (``USUAL_MESSAGE``).
         A section under the usual ``0x00 0x53 code`` descriptor is decoded here by its own
         decoder (``_SECTION_DEC``) rather than through ``decode_from``: that skips the generic
         descriptor dispatch and, for the map/binary/value sections, the wrapper object that
@@ -415,7 +416,7 @@ class Message:
         same errors for the same bytes.
         """
         if type(payload) is bytes and payload.startswith(USUAL_HEADER):
-            quick = _decode_usual(payload, max_elements)
+            quick = USUAL_MESSAGE.read(payload, max_elements)
             if quick is not None:
                 return quick
         msg = cls()
@@ -477,10 +478,10 @@ _FAULTS = (DecodeError, *DECODE_FAULTS)
 
 
 def _decode_usual(payload: bytes, max_elements: int) -> Message | None:
-    """A request as a client of ours writes it (:mod:`pairlink._amqp.usual_request`), read in
+    """A request as a client of ours writes it (:mod:`pairlink._amqp.call_layout`), read in
     one pass into the very message the generic path would build; None for anything else (or
     anything wrong), which the generic path then reads, or refuses, as ever."""
-    usual = read_usual(payload)
+    usual = read_usual_request(payload)
     if usual is None:
         return None
     pos = usual.sections
@@ -503,6 +504,10 @@ def _decode_usual(payload: bytes, max_elements: int) -> Message | None:
         message_id, None, None, None, usual.reply_to, message_id, usual.content_type, None, expiry
     )
     return Message(body, "data", header, None, None, properties, app)
+
+
+USUAL_MESSAGE = register("usual-message", _decode_usual)
+"""``Message.decode``'s fast path: a call's request as our client writes it."""
 
 
 _VALUE_START = b"\x00\x53\x77"  # the small-ulong descriptor of amqp:amqp-value:*

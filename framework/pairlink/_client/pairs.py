@@ -70,7 +70,7 @@ class Call:
     scope: trio.CancelScope | None = None
     reply: Message | None = None
     value: Any = None  # the reply's value, read without the message (``valued``)
-    valued: bool = False  # answered by ``wire.read_reply``: a call() that wants the value only
+    valued: bool = False  # answered by ``wire.REPLY``: a call() that wants the value only
     error: PairlinkError | None = None
     line: Sender | None = None  # the sender whose line it waits in, not sent yet
     over: bool = False  # answered, failed or expired: its caller is woken (or need not wait)
@@ -445,7 +445,7 @@ class CallPair(LinkOwner):
             self.granted = True
 
     def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
-        quick = wire.read_reply(payload) if self.verified else None
+        quick = wire.REPLY.read(payload) if self.verified else None
         if quick is None or not self._answer_quick(*quick):
             end.conn.settle(delivery, self._read_reply(payload))
         elif not delivery.settled:  # the service asked for our receipt
@@ -454,7 +454,7 @@ class CallPair(LinkOwner):
             end.conn.flow(end.link, self.reply_credit)
 
     def _answer_quick(self, correlation_id: Any, value: Any) -> bool:
-        """The usual reply, read by ``wire.read_reply``: answer its call with the value, if it
+        """The usual reply, read by ``wire.REPLY``: answer its call with the value, if it
         is a call() whose caller still waits; False leaves it to the general path."""
         call = self.calls.get(correlation_id)
         if call is None or not call.quick or self.clock.current_time() >= call.deadline:

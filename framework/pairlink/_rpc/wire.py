@@ -26,9 +26,19 @@ from typing import Any
 import attrs
 
 from pairlink._amqp import errors as conditions
+from pairlink._amqp.call_layout import (
+    address_fields,
+    binary_to_end,
+    read_reply_properties,
+    read_usual_request,
+    usual_request_parts,
+    write_reply_properties,
+    write_request_properties,
+    write_usual_request,
+)
 from pairlink._amqp.codec import MAX_ELEMENTS, decode_from, encode, encode_into
-from pairlink._amqp.described import encode_message_id
 from pairlink._amqp.errors import DecodeError
+from pairlink._amqp.fast_paths import register
 from pairlink._amqp.messaging import (
     Accepted,
     ApplicationProperties,
@@ -39,9 +49,7 @@ from pairlink._amqp.messaging import (
     Rejected,
     encode_body,
 )
-from pairlink._amqp.scalars import encode_string
 from pairlink._amqp.types import Int, Symbol
-from pairlink._amqp.usual_request import read_usual
 from pairlink._rpc.payload import (
     ENVELOPE,
     Encoding,
@@ -165,21 +173,15 @@ def encode_request(
         # the usual request (a counter's id past the first 255: the same size for them all):
         # the id twice and the expiry between bytes made once per (ttl, reply-to, encoding)
         ttl = _ttl_ms(timeout)  # (in the order the message's encoding fails, if it fails)
-        expiry = _P_ONE_LONG(_expiry_ms(now, timeout))
-        head, address, content = _usual_properties(ttl, reply_to, encoding)
-        ulong = _P_ULONG(0x80, message_id)
-        out = bytearray(head)
-        out += ulong
-        out += address
-        out += ulong
-        out += content
-        out += expiry
+        expiry_ms = _expiry_ms(now, timeout)
+        parts = _usual_parts(ttl, reply_to, encoding)
+        out = write_usual_request(parts, message_id, expiry_ms)
         return _request_rest(out, operation, headers, body, kind)
     out = bytearray()
-    expiry_ms = 0
+    expiry: int | None = None
     if timeout is not None:  # (in the order the message's encoding fails, if it fails)
         ttl = _ttl_ms(timeout)
-        expiry_ms = _expiry_ms(now, timeout)
+        expiry = _expiry_ms(now, timeout)
         out += _header_section(ttl)
     if message_id is None:  # (no caller sends none; the generic encoder drops trailing nulls)
         properties = Properties(reply_to=reply_to, content_type=content_type)
@@ -187,21 +189,8 @@ def encode_request(
             properties.absolute_expiry_time = deadline_fields(now, timeout)[1]
         encode_into(properties, out)
         return _request_rest(out, operation, headers, body, kind)
-    start = len(out)
-    out += _PROPERTIES_HEAD
-    encode_message_id(message_id, out)
-    mid = out[start + len(_PROPERTIES_HEAD) :]
-    out += _address_fields(reply_to)
-    out += mid
-    if timeout is not None:  # content-type (or null), content-encoding, absolute-expiry-time
-        out += _CONTENT_TYPE_FIELD[encoding] or b"\x40"
-        out += _P_ONE_NULL_TIMESTAMP(0x40, 0x83, expiry_ms)
-        _finish_properties(out, start, 9)
-    elif content_type is not None:
-        out += _CONTENT_TYPE_FIELD[encoding]
-        _finish_properties(out, start, 7)
-    else:
-        _finish_properties(out, start, 6)
+    content = _CONTENT_TYPE_FIELD[encoding]  # (b"" exactly when content_type is None)
+    write_request_properties(out, message_id, _address_fields(reply_to), content, expiry)
     return _request_rest(out, operation, headers, body, kind)
 
 
@@ -218,29 +207,11 @@ def _request_rest(
     return bytes(out)
 
 
-# The properties section as its generated encoder writes it (messaging.py's ``Properties``):
-# the described list's constructor, size and count patched in by ``_finish_properties``.
-_PROPERTIES_HEAD = b"\x00\x53\x73\xc0\x00\x00"
-_P_ONE_NULL_TIMESTAMP = struct.Struct(">BBq").pack
-_P_ULONG = struct.Struct(">BQ").pack
-_P_ONE_LONG = struct.Struct(">q").pack
 _ULONG_MAX = 2**64 - 1
-_P_LIST32 = struct.Struct(">BII").pack
 _CONTENT_TYPE_FIELD = {
     e: b"" if e is Encoding.AMQP_VALUE else encode(Symbol(e.value)) for e in Encoding
 }
 """The content-type field of a body in each encoding (none for an amqp-value)."""
-
-
-def _finish_properties(out: bytearray, start: int, count: int) -> None:
-    """Patch the size and count of the properties list begun at ``start``, widened to a
-    list32 when it does not fit a list8, as the codec does."""
-    size = len(out) - start - 5
-    if size <= 0xFF:
-        out[start + 4] = size
-        out[start + 5] = count
-    else:
-        out[start + 3 : start + 6] = _P_LIST32(0xD0, size + 3, count)
 
 
 def _request_head(
@@ -284,27 +255,16 @@ _LATEST = datetime.datetime.max.replace(tzinfo=datetime.UTC) - _EPOCH
 
 
 @functools.lru_cache(maxsize=256)
-def _usual_properties(ttl: int, reply_to: str | None, encoding: Encoding) -> tuple[bytes, ...]:
-    """What ``encode_request`` writes around the ids and the expiry of a usual request (a
-    ulong id of nine bytes, a deadline): the header and the properties' list head, their
-    fields between the ids, and those from the second id to the expiry's value."""
-    address = _address_fields(reply_to)
-    content = (_CONTENT_TYPE_FIELD[encoding] or b"\x40") + b"\x40\x83"
-    fields = 9 + len(address) + 9 + len(content) + 8
-    out = bytearray(_PROPERTIES_HEAD) + bytes(fields)
-    _finish_properties(out, 0, 9)
-    return _header_section(ttl) + out[:-fields], address, content
+def _usual_parts(ttl: int, reply_to: str | None, encoding: Encoding) -> tuple[bytes, ...]:
+    """The constant bytes of a usual request with this ttl, reply-to and encoding
+    (``call_layout.usual_request_parts``), made once each."""
+    return usual_request_parts(
+        _header_section(ttl), _address_fields(reply_to), _CONTENT_TYPE_FIELD[encoding]
+    )
 
 
-@functools.lru_cache(maxsize=256)
-def _address_fields(reply_to: str | None) -> bytes:
-    """The properties' user-id, to and subject (null) and reply-to, encoded once each."""
-    out = bytearray(b"\x40\x40\x40")
-    if reply_to is None:
-        out.append(0x40)
-    else:
-        encode_string(reply_to, out)
-    return bytes(out)
+_address_fields = functools.lru_cache(maxsize=256)(address_fields)
+"""A request's address fields by reply-to, encoded once each."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -351,12 +311,12 @@ def parse_request(message: Message, *, now: float) -> Request:
 
 def read_request(payload: bytes) -> Request | None:
     """The request in ``payload`` if our client wrote it as it writes every call (the usual
-    layout of :mod:`pairlink._amqp.usual_request`, the operation's application-properties
+    layout of :mod:`pairlink._amqp.call_layout`, the operation's application-properties
     alone, our envelope for a body that holds one), read without building its message; None
     for anything else, which ``Message.decode`` and :func:`parse_request` read, or refuse, as
     ever. What it returns is what they return for the same bytes: a service reads a request
     per call, and the message most handlers never look at was most of the work."""
-    usual = read_usual(payload) if type(payload) is bytes else None
+    usual = read_usual_request(payload) if type(payload) is bytes else None
     if usual is None or usual.content_type != ENVELOPE:
         return None
     at = usual.sections + 3  # the application-properties' map
@@ -367,7 +327,7 @@ def read_request(payload: bytes) -> Request | None:
         operation = _OPERATIONS.get(payload[at:end]) or _operation_named(payload, at, end)
         if operation is None or not payload.startswith(b"\x00\x53\x75", end):
             return None
-        start = _binary_to_end(payload, end + 3)
+        start = binary_to_end(payload, end + 3)
         if start is None:
             return None
         value = msgpack_loads(payload[start:], MAX_ELEMENTS)
@@ -410,19 +370,6 @@ def _operation_named(payload: bytes, at: int, end: int) -> str | None:
     return operation
 
 
-def _binary_to_end(payload: bytes, pos: int) -> int | None:
-    """Where the bytes of the binary at ``pos`` begin, if they end ``payload``; else None."""
-    if payload[pos] == 0xA0:
-        start = pos + 2
-        size = payload[pos + 1]
-    elif payload[pos] == 0xB0:
-        start = pos + 5
-        size = _U_I(payload, pos + 1)[0]
-    else:
-        return None
-    return start if start + size == len(payload) else None
-
-
 def _reply(request: Request, to: str | None, status: int, description: str) -> Message:
     return Message(
         properties=Properties(correlation_id=request.message_id, to=to),
@@ -461,19 +408,7 @@ def encode_reply(
     if correlation_id is None:  # (the generic encoder drops the trailing nulls)
         encode_into(Properties(to=to, content_type=content_type), out)
     else:
-        out += _PROPERTIES_HEAD
-        out += b"\x40\x40"  # message-id, user-id
-        if to is None:
-            out.append(0x40)
-        else:
-            encode_string(to, out)
-        out += b"\x40\x40"  # subject, reply-to
-        encode_message_id(correlation_id, out)
-        if content_type is None:
-            _finish_properties(out, 0, 6)
-        else:
-            out += _CONTENT_TYPE_FIELD[encoding]
-            _finish_properties(out, 0, 7)
+        write_reply_properties(out, to, correlation_id, _CONTENT_TYPE_FIELD[encoding])
     if extra:
         encode_into(ApplicationProperties(with_status(extra, OK, "OK")), out)
     else:
@@ -482,12 +417,10 @@ def encode_reply(
     return bytes(out)
 
 
-_MSGPACK_OK_TAIL = _CONTENT_TYPE_FIELD[Encoding.MSGPACK] + _OK_STATUS + b"\x00\x53\x75"
-"""What follows the correlation-id in a successful msgpack reply as ``encode_reply`` writes it:
-the content-type (the last property), the status section, the data section's descriptor."""
-_ME_FIELD = b"\xa1\x03" + ME.encode()
-_U_Q = struct.Struct(">Q").unpack_from
-_U_I = struct.Struct(">I").unpack_from
+_MSGPACK_FIELD = _CONTENT_TYPE_FIELD[Encoding.MSGPACK]
+_OK_DATA = _OK_STATUS + b"\x00\x53\x75"
+"""What follows the properties of a successful reply as ``encode_reply`` writes it: the status
+section, the data section's descriptor."""
 
 
 def read_reply(payload: bytes) -> tuple[Any, Any] | None:
@@ -497,46 +430,25 @@ def read_reply(payload: bytes) -> tuple[Any, Any] | None:
     (``Message.decode``, :func:`parse_reply`) reads, or refuses, as ever. What this returns
     is what the general path returns for the same bytes (a ulong id as a plain ``int``): a
     client reads every call's reply, and the message it never looks at was most of that."""
+    found = read_reply_properties(payload, _MSGPACK_FIELD)
+    if found is None:
+        return None
+    correlation_id, to, end = found
+    if (to is not None and to != ME) or not payload.startswith(_OK_DATA, end):
+        return None
     try:
-        if not payload.startswith(b"\x00\x53\x73\xc0") or payload[5] != 7:
-            return None
-        end = 5 + payload[4]  # of the properties (7 fields: the content-type is the last)
-        if payload[8] == 0x40:  # to: none, or "$me" on a pair
-            pos = 9
-        elif payload.startswith(_ME_FIELD, 8):
-            pos = 13
-        else:
-            return None
-        if not (payload.startswith(b"\x40\x40", 6) and payload.startswith(b"\x40\x40", pos)):
-            return None  # message-id, user-id; subject, reply-to
-        code = payload[pos + 2]
-        correlation_id: Any
-        if code == 0x53:  # a ulong (small, full, zero) or a str8: what encode_message_id writes
-            correlation_id = payload[pos + 3]
-            pos += 4
-        elif code == 0x80:
-            correlation_id = _U_Q(payload, pos + 3)[0]
-            pos += 11
-        elif code == 0x44:
-            correlation_id = 0
-            pos += 3
-        elif code == 0xA1:
-            start = pos + 4
-            pos = start + payload[pos + 3]
-            correlation_id = str(payload[start:pos], "utf-8")
-        else:
-            return None
-        tail = pos + len(_MSGPACK_OK_TAIL)
-        if pos + len(_CONTENT_TYPE_FIELD[Encoding.MSGPACK]) != end or not payload.startswith(
-            _MSGPACK_OK_TAIL, pos
-        ):
-            return None
-        body = _binary_to_end(payload, tail)
+        body = binary_to_end(payload, end + len(_OK_DATA))
         if body is None:
             return None
         return correlation_id, msgpack_loads(payload[body:], MAX_ELEMENTS)
-    except (IndexError, struct.error, UnicodeDecodeError, PayloadError):
+    except (IndexError, PayloadError):
         return None
+
+
+REQUEST = register("request", read_request)
+"""A service's fast path: a request as our client writes it, read without its message."""
+REPLY = register("reply", read_reply)
+"""A client's fast path: a successful reply as our service writes it, read without its message."""
 
 
 def error_message(

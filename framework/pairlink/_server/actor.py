@@ -165,7 +165,7 @@ class Actor:
         if self.observer is not None:
             self.observer.arrived(delivery)
         now = deadline.wall_time()
-        request = wire.read_request(payload)  # the usual request, read without its message
+        request = wire.REQUEST.read(payload)  # the usual request, read without its message
         if request is not None:
             route = origin.route_for(request.reply_to)
             if route is None:
