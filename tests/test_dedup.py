@@ -9,11 +9,12 @@ import trio
 
 from pairlink import Client, RemoteError, connect, handler, open_server, service
 from pairlink._client import blocking
-from pairlink._server.dedup import DedupStore, Outcome
+from pairlink._server.calls import Answer
+from pairlink._server.dedup import DedupStore
 from pairlink.errors import CallError
 from pairlink.spark import serve_in_thread
 
-OK = Outcome(200, "OK", {"score": 1.0})
+OK = Answer(200, "OK", {"score": 1.0})
 
 # -- the store ---------------------------------------------------------------------------------
 
@@ -45,11 +46,11 @@ def test_the_size_bound_drops_the_oldest_outcomes_first() -> None:
     store: DedupStore[str] = DedupStore(window=100.0, size=3)
     for n, key in enumerate("abcde"):
         store.claim(key, key)
-        store.finish(key, Outcome(200, "OK", n), now=float(n))
+        store.finish(key, Answer(200, "OK", n), now=float(n))
     assert len(store) == 3
     assert store.stored("a", now=5.0) is None
     assert store.stored("b", now=5.0) is None
-    assert [store.stored(k, now=5.0) for k in "cde"] == [Outcome(200, "OK", n) for n in (2, 3, 4)]
+    assert [store.stored(k, now=5.0) for k in "cde"] == [Answer(200, "OK", n) for n in (2, 3, 4)]
 
 
 def test_expiry_follows_completion_order_and_a_rerun_refreshes_its_entry() -> None:
@@ -68,7 +69,7 @@ def test_outcomes_of_calls_that_did_not_complete_are_not_kept(status: int) -> No
     store: DedupStore[str] = DedupStore(window=10.0, size=100)
     store.claim("k", "first")
     store.claim("k", "second")
-    assert store.finish("k", Outcome(status, "no"), now=0.0) == ["second"]
+    assert store.finish("k", Answer(status, "no"), now=0.0) == ["second"]
     assert store.stored("k", now=0.0) is None
     assert store.claim("k", "retry")  # a retry runs it
 

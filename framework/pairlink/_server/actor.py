@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+import attrs
 import outcome
 import trio
 
@@ -67,9 +68,18 @@ from pairlink._rpc.wire import (
     error_message,
     parse_request,
 )
-from pairlink._server.calls import Call, CallObserver, Origin, Route, bare_request, log_ids
+from pairlink._server.calls import (
+    Answer,
+    Arrival,
+    Call,
+    CallObserver,
+    Origin,
+    Route,
+    bare_request,
+    log_ids,
+)
 from pairlink._server.context import Middleware, handling, through
-from pairlink._server.dedup import DedupStore, Outcome
+from pairlink._server.dedup import DedupStore
 from pairlink._server.mailbox import CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
@@ -102,7 +112,6 @@ class Actor:
         self.stopping = False  # no more credit; new arrivals get 503
         self.aborting = False  # the grace period is over: running calls are cancelled
         self._scopes: set[trio.CancelScope] = set()
-        self._drained = trio.Event()
         self.finished = trio.Event()  # the workers are done (after begin_stop)
         self.observer: CallObserver | None = None  # set when the server keeps metrics
         self.middleware = (*middleware, *spec.middleware)
@@ -150,13 +159,6 @@ class Actor:
         """The link detached or its connection ended: its unused credit is free again."""
         self.mailbox.detach(origin)
 
-    def release(self, origin: Origin) -> None:
-        """The slot of a call that came on ``origin`` is free again (its reply left, or it
-        could not be delivered)."""
-        self.mailbox.release(origin.ledger.caller)
-        if self.stopping and self.mailbox.held <= 0:
-            self._drained.set()
-
     # -- arrival (the connection's reader task) --------------------------------------------
 
     def arrive(self, origin: Origin, delivery: Delivery, payload: bytes) -> None:
@@ -181,20 +183,22 @@ class Actor:
         if operation is None:
             # not the address: a gateway may have given this service another name (LP-11)
             why = f"the service has no operation {request.operation!r}"
-            self.respond(route, origin, delivery, request, wire.NOT_FOUND, why)
+            self.respond(Arrival(request, route, origin, delivery), Answer(wire.NOT_FOUND, why))
         elif request.deadline is not None and request.deadline <= now:
-            self.respond(route, origin, delivery, request, TIMEOUT, "the deadline had passed")
+            answer = Answer(TIMEOUT, "the deadline had passed")
+            self.respond(Arrival(request, route, origin, delivery), answer)
         elif self.stopping:
-            self.respond(route, origin, delivery, request, UNAVAILABLE, "shutting down")
+            answer = Answer(UNAVAILABLE, "shutting down")
+            self.respond(Arrival(request, route, origin, delivery), answer)
         else:
             try:
                 operation.check_arguments(request.args, request.kwargs)
             except TypeError as exc:
-                why = f"{request.operation}: {exc}"
-                self.respond(route, origin, delivery, request, BAD_REQUEST, why)
+                answer = Answer(BAD_REQUEST, f"{request.operation}: {exc}")
+                self.respond(Arrival(request, route, origin, delivery), answer)
                 return
             args, kwargs = request.args, request.kwargs
-            call = Call(operation, args, kwargs, request, route, origin, delivery, self.address)
+            call = Call(request, route, origin, delivery, operation, args, kwargs, self.address)
             app = request.application_properties
             if self.tracer is not None or TRACEPARENT in app:
                 call.trace_scope = spans.server_scope(
@@ -238,7 +242,7 @@ class Actor:
             status, why = exc.status, exc.description
         except Exception as exc:  # a field of a type the conventions do not foresee
             status, why = BAD_REQUEST, f"malformed request: {exc!r}"
-        self.respond(route, origin, delivery, bare_request(message), status, why)
+        self.respond(Arrival(bare_request(message), route, origin, delivery), Answer(status, why))
         return None
 
     def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
@@ -246,15 +250,7 @@ class Actor:
         the copy that is running. False: it is the first, and runs."""
         stored = dedup.stored(key, trio.current_time())
         if stored is not None:
-            self._answer(
-                call,
-                stored.status,
-                stored.description,
-                stored.value,
-                stored.error_type,
-                stored.ref,
-                stored.reply_properties,
-            )
+            self._answer(call, stored)
             return True
         return not dedup.claim(key, call)
 
@@ -274,13 +270,14 @@ class Actor:
         if head is not None:
             route = origin.route_for(head.properties.reply_to if head.properties else None)
         if head is not None and route is not None:
-            self.respond(route, origin, delivery, bare_request(head), BAD_REQUEST, why)
+            arrival = Arrival(bare_request(head), route, origin, delivery)
+            self.respond(arrival, Answer(BAD_REQUEST, why))
         elif delivery.remote_settled:
             self.log.warning(
                 "call.undecodable", **log_ids(origin, None), condition=exc.condition, why=why
             )
             origin.end.detach(Error(exc.condition, why))
-            self.release(origin)
+            origin.release()
         else:
             self._refuse(origin, delivery, None, exc.condition, why)
 
@@ -307,38 +304,23 @@ class Actor:
             )
         else:
             origin.set_outcome(delivery, Rejected(error=Error(condition, description)))
-        self.release(origin)
+        origin.release()
 
     # -- replies ---------------------------------------------------------------------------
 
-    def respond(
-        self,
-        route: Route,
-        origin: Origin,
-        delivery: Delivery,
-        request: Request,
-        status: int,
-        description: str,
-        value: Any = None,
-        error_type: str | None = None,
-        ref: str | None = None,
-        extra: dict[str, Any] | None = None,
-        through: bool = False,
-    ) -> None:
-        """Send the reply to ``request`` (a value for 200, else the status), settle the
-        request, and free the call's slot once the reply has left. ``extra``: the
-        application-properties its handler added (``CallContext.reply_properties``);
-        ``through``: a lone reply, written at once if the connection's writer is idle."""
+    def respond(self, arrival: Arrival, answer: Answer, *, through: bool = False) -> None:
+        """Send ``answer`` (a value for 200, else the status) as the reply to ``arrival``,
+        settle the request, and free its slot once the reply has left. ``through``: a lone
+        reply, written at once if the connection's writer is idle."""
+        origin, delivery, request = arrival.origin, arrival.delivery, arrival.request
         try:
-            status, payload = self._reply_payload(
-                route, origin, request, status, description, value, error_type, ref, extra
-            )
+            status, payload = self._reply_payload(arrival, answer)
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
             return
         if self.observer is not None:
             self.observer.answered(delivery, request.operation, status)
-        if route.deliver(payload, origin, delivery.remote_settled, through):
+        if arrival.route.deliver(payload, origin, delivery.remote_settled, through):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
             return
@@ -350,45 +332,42 @@ class Actor:
         )
         if not delivery.remote_settled:
             origin.set_outcome(delivery, Rejected(error=Error(NOT_FOUND, "the reply link is gone")))
-        self.release(origin)
+        origin.release()
 
-    def _reply_payload(
-        self,
-        route: Route,
-        origin: Origin,
-        request: Request,
-        status: int,
-        description: str,
-        value: Any,
-        error_type: str | None,
-        ref: str | None,
-        extra: dict[str, Any] | None,
-    ) -> tuple[int, bytes]:
+    def _reply_payload(self, arrival: Arrival, answer: Answer) -> tuple[int, bytes]:
         """The status-code and encoded reply: the value for 200 (an undisclosed 500 if it or
-        ``extra`` cannot be encoded: the failure describes the result, which is the service's
-        business), else the status; a 500 as well if it would exceed the caller's limit."""
+        its reply-properties cannot be encoded: the failure describes the result, which is the
+        service's business), else the status; a 500 as well if it would exceed the caller's
+        limit."""
+        route, request = arrival.route, arrival.request
         to = route.to
-        if status == OK:
+        if answer.status == OK:
             try:
-                reply = encode_reply(request, value, to=to, extra=extra)
+                reply = encode_reply(request, answer.value, to=to, extra=answer.reply_properties)
                 return self._fit(route, request, OK, reply)
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
-                status = INTERNAL_ERROR
                 detail = f"cannot encode the result: {exc}"
                 description, error_type, ref = self._undisclosed(
-                    "reply.unencodable", origin, request, exc, detail
+                    "reply.unencodable", arrival.origin, request, exc, detail
                 )
-                extra = None
+                answer = Answer(INTERNAL_ERROR, description, None, error_type, ref)
+        status = answer.status
         if status >= INTERNAL_ERROR or status == TIMEOUT:
             self.log.info(
                 "call.answered",
-                **log_ids(origin, request.message_id),
+                **log_ids(arrival.origin, request.message_id),
                 operation=request.operation,
                 status=status,
-                why=description,
+                why=answer.description,
             )
         message = error_message(
-            request, status, description, to=to, error_type=error_type, ref=ref, extra=extra
+            request,
+            status,
+            answer.description,
+            to=to,
+            error_type=answer.error_type,
+            ref=answer.ref,
+            extra=answer.reply_properties,
         )
         return self._fit(route, request, status, message.encode())
 
@@ -452,13 +431,13 @@ class Actor:
             self.log.info("call.abandoned", **ids, operation=request.operation)
             if call.trace_scope is not None:
                 call.trace_scope.finish(None)
-            self.release(call.origin)
+            call.origin.release()
             return False
         if request.deadline is not None and request.deadline <= deadline.wall_time():
-            self._answer(call, TIMEOUT, "the deadline passed while the call was queued")
+            self._answer(call, Answer(TIMEOUT, "the deadline passed while the call was queued"))
             return False
         if self.aborting:
-            self._answer(call, UNAVAILABLE, "shutting down")
+            self._answer(call, Answer(UNAVAILABLE, "shutting down"))
             return False
         return True
 
@@ -489,7 +468,7 @@ class Actor:
         deadline; its room was taken when it was handed over."""
         if self.aborting:  # handed over just before the grace period ran out
             self._ended()
-            self._answer(call, UNAVAILABLE, "shutting down")
+            self._answer(call, Answer(UNAVAILABLE, "shutting down"))
             return
         request = call.request
         operation = call.operation
@@ -513,9 +492,9 @@ class Actor:
         finally:
             self._ended()
         if scope.cancelled_caught:
-            self._answer(call, *self._cut_short())
+            self._answer(call, self._cut_short())
         else:
-            self._answer(call, OK, "OK", value)
+            self._answer(call, Answer(OK, "OK", value))
 
     def _start(self, call: Call) -> None:
         """Start a plain ``def``'s call (no middleware): inline, run now; else in a thread."""
@@ -530,7 +509,7 @@ class Actor:
             return
         finally:
             self.running -= 1
-        self._answer(call, OK, "OK", value)
+        self._answer(call, Answer(OK, "OK", value))
 
     def _serve(self, call: Call) -> Any:
         """The handler, under the call's deadline and context (in a pool thread, or inline)."""
@@ -544,7 +523,8 @@ class Actor:
         if isinstance(result, outcome.Error):
             self._failed(call, result.error)
         else:
-            self._answer(call, OK, "OK", result.value, through=not self._threads.outstanding)
+            answer = Answer(OK, "OK", result.value)
+            self._answer(call, answer, through=not self._threads.outstanding)
 
     def _ended(self) -> None:
         """A running call ended: its room goes to the next queued call."""
@@ -557,15 +537,15 @@ class Actor:
         ``CallError``'s status and words, or the type and message of a type it exposes (a
         500); anything else is undisclosed (:meth:`_undisclosed`)."""
         if isinstance(exc, CallError):
-            self._answer(call, exc.status, exc.description, error_type=exc.error_type)
+            self._answer(call, Answer(exc.status, exc.description, error_type=exc.error_type))
             return
         if isinstance(exc, call.operation.exposed):
-            self._answer(call, INTERNAL_ERROR, str(exc), error_type=_type_name(exc))
+            self._answer(call, Answer(INTERNAL_ERROR, str(exc), error_type=_type_name(exc)))
             return
         description, error_type, ref = self._undisclosed(
             "call.failed", call.origin, call.request, exc, str(exc)
         )
-        self._answer(call, INTERNAL_ERROR, description, error_type=error_type, ref=ref)
+        self._answer(call, Answer(INTERNAL_ERROR, description, error_type=error_type, ref=ref))
 
     def _undisclosed(
         self, event: str, origin: Origin, request: Request, exc: BaseException, detail: str
@@ -587,11 +567,11 @@ class Actor:
             return detail, _type_name(exc), ref
         return f"internal error (ref {ref})", None, ref
 
-    def _cut_short(self) -> tuple[int, str]:
+    def _cut_short(self) -> Answer:
         """Why a running call was cancelled: the shutdown's grace ran out, or its deadline."""
         if self.aborting:
-            return UNAVAILABLE, "shut down before the call finished"
-        return TIMEOUT, "the deadline passed while it ran"
+            return Answer(UNAVAILABLE, "shut down before the call finished")
+        return Answer(TIMEOUT, "the deadline passed while it ran")
 
     async def _through_middleware(self, operation: Operation, call: Call) -> Any:
         """The handler inside the middleware (``self._invoke`` when there is some)."""
@@ -609,42 +589,19 @@ class Actor:
         job = functools.partial(operation.function, self.instance, *call.args, **call.kwargs)
         return await self._threads.run_sync(job)
 
-    def _answer(
-        self,
-        call: Call,
-        status: int,
-        description: str,
-        value: Any = None,
-        error_type: str | None = None,
-        ref: str | None = None,
-        extra: dict[str, Any] | None = None,
-        through: bool = False,
-    ) -> None:
-        """Answer ``call``, and the repeats of its id waiting for it, alike. ``extra``: the
-        reply's application-properties (default: those its handler set); ``through``: see
+    def _answer(self, call: Call, answer: Answer, *, through: bool = False) -> None:
+        """Answer ``call``, and the repeats of its id waiting for it, alike. The reply's
+        application-properties are the answer's, else those its handler set; ``through``: see
         :meth:`respond`."""
         context = call.context
-        if extra is None and context is not None and context.reply_properties:
-            extra = dict(context.reply_properties)
+        if answer.reply_properties is None and context is not None and context.reply_properties:
+            answer = attrs.evolve(answer, reply_properties=dict(context.reply_properties))
         if call.trace_scope is not None:
-            call.trace_scope.finish(status)
-        self.respond(
-            call.route,
-            call.origin,
-            call.delivery,
-            call.request,
-            status,
-            description,
-            value,
-            error_type,
-            ref,
-            extra,
-            through,
-        )
+            call.trace_scope.finish(answer.status)
+        self.respond(call, answer, through=through)
         if call.key is not None and self.dedup is not None:
-            outcome = Outcome(status, description, value, error_type, ref, extra)
-            for repeat in self.dedup.finish(call.key, outcome, trio.current_time()):
-                self._answer(repeat, status, description, value, error_type, ref, extra)
+            for repeat in self.dedup.finish(call.key, answer, trio.current_time()):
+                self._answer(repeat, answer)
 
     # -- shutdown --------------------------------------------------------------------------
 
@@ -656,12 +613,10 @@ class Actor:
         self.stopping = True
         self._take_queued()  # the workers end once the queue is empty
         self.mailbox.stop()  # and so does the granter
-        if self.held <= 0:
-            self._drained.set()
 
     async def drained(self) -> None:
         """Wait until every call held has been answered."""
-        await self._drained.wait()
+        await self.mailbox.drained.wait()
 
     def abort(self) -> None:
         """The grace period is over: cancel running calls (answered 503), and answer what is

@@ -1,5 +1,6 @@
-"""A call as the actor holds it, and the protocols of where it comes from and where its reply
-goes (:mod:`pairlink._server.container` implements both; :mod:`pairlink._server.actor` uses them).
+"""A call as the actor holds it, what it is answered with, and the protocols of where it comes
+from and where its reply goes (:mod:`pairlink._server.container` implements both;
+:mod:`pairlink._server.actor` uses them).
 """
 
 from __future__ import annotations
@@ -59,17 +60,37 @@ class CallObserver(Protocol):
     def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
 
 
+@attrs.define(slots=True)
+class Answer:
+    """What a call is answered with: the actor answers every request through one, and the
+    dedup store keeps one to answer a repeat the same way."""
+
+    status: int
+    description: str
+    value: Any = None  # the handler's result, for a 200
+    error_type: str | None = None  # the exception type the service discloses
+    ref: str | None = None  # the log's reference id of an undisclosed failure
+    reply_properties: dict[str, Any] | None = None  # the application-properties its handler set
+
+
 @attrs.define(slots=True, eq=False)
-class Call:
+class Arrival:
+    """A request that arrived: what it asks, where its reply goes, the link it came on (whose
+    mailbox slot it holds until answered) and its delivery (to settle)."""
+
+    request: Request
+    route: Route
+    origin: Origin
+    delivery: Delivery
+
+
+@attrs.define(slots=True, eq=False)
+class Call(Arrival):
     """A checked call waiting in the mailbox (or running)."""
 
     operation: Operation
     args: list[Any]
     kwargs: dict[str, Any]
-    request: Request
-    route: Route
-    origin: Origin
-    delivery: Delivery
     service: str  # its address, as this server serves it
     key: str | None = None  # its message-id, while it is the running copy of a tracked id
     context: CallContext | None = None  # built when its handler first asks (current_call)

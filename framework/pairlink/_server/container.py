@@ -116,8 +116,9 @@ class RequestLink(LinkOwner):
             self.end.conn.flow(self.end.link, credit, drain=True)
 
     def release(self) -> None:
-        """A call that came on this link no longer holds its mailbox slot."""
-        self.actor.release(self)
+        """A call that came on this link no longer holds its mailbox slot: the one place a
+        slot is freed (the mailbox's, which grants it again, or ends a drain)."""
+        self.actor.mailbox.release(self.ledger.caller)
 
     def set_outcome(self, delivery: Delivery, state: Any) -> None:
         """Say the outcome (Accepted, Rejected) of an unsettled request."""

@@ -16,9 +16,9 @@ bounds those.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-import attrs
+from pairlink._server.calls import Answer
 
 W = TypeVar("W")
 
@@ -26,20 +26,8 @@ NOT_KEPT = frozenset({408, 503})
 """Statuses that say the call did not complete (deadline, shutdown): a repeat should run it."""
 
 
-@attrs.frozen
-class Outcome:
-    """What a call was answered with: enough to answer a repeat the same way."""
-
-    status: int
-    description: str
-    value: Any = None
-    error_type: str | None = None
-    ref: str | None = None  # the log's reference id of an undisclosed failure
-    reply_properties: dict[str, Any] | None = None  # the application-properties its handler set
-
-
 class DedupStore(Generic[W]):
-    """Outcomes by message-id, and the repeats waiting for a call still running.
+    """Answers by message-id, and the repeats waiting for a call still running.
 
     The service asks ``stored`` first (answer from the store), then ``claim``: the first
     caller of an id runs it, a repeat arriving meanwhile is parked as a waiter; ``finish``
@@ -53,7 +41,7 @@ class DedupStore(Generic[W]):
             raise ValueError("the dedup size must be >= 1")
         self.window = window
         self.size = size
-        self._kept: OrderedDict[str, tuple[float, Outcome]] = OrderedDict()  # by expiry
+        self._kept: OrderedDict[str, tuple[float, Answer]] = OrderedDict()  # by expiry
         self._running: dict[str, list[W]] = {}
         self.hits = 0
         """Repeats answered without running the handler (from the store or by waiting)."""
@@ -61,7 +49,7 @@ class DedupStore(Generic[W]):
     def __len__(self) -> int:
         return len(self._kept)
 
-    def stored(self, key: str, now: float) -> Outcome | None:
+    def stored(self, key: str, now: float) -> Answer | None:
         """The outcome kept for ``key``, if it has not expired."""
         entry = self._kept.get(key)
         if entry is None or entry[0] <= now:  # an expired one goes at the next ``finish``
@@ -80,7 +68,7 @@ class DedupStore(Generic[W]):
         self.hits += 1
         return False
 
-    def finish(self, key: str, outcome: Outcome, now: float) -> list[W]:
+    def finish(self, key: str, outcome: Answer, now: float) -> list[W]:
         """Record ``key``'s outcome (unless its status is one of ``NOT_KEPT``); the waiters
         parked behind it, who get the same outcome."""
         waiters = self._running.pop(key, [])

@@ -122,6 +122,7 @@ class Mailbox(Generic[CallT]):
         self.queued = 0
         self.peak = 0  # the most calls ever held at once
         self.closed = False  # stopping: no more credit
+        self.drained = trio.Event()  # closed, and every call held has been released
         self._linked = 0  # callers with links: the share is divided among them
         self._waiting: dict[Caller[CallT], None] = {}  # callers with hungry links, in turn order
         self._blocked: dict[CreditedLink, None] = {}  # hungry links with no credit at all
@@ -231,6 +232,8 @@ class Mailbox(Generic[CallT]):
         self._freed += 1
         if not caller.held and not caller.links:
             self._forget(caller)
+        if self.closed and self.held <= 0:
+            self.drained.set()
         self._replenish()
 
     def stop(self) -> None:
@@ -238,6 +241,8 @@ class Mailbox(Generic[CallT]):
         (a drain, so that what is already on its way is still answered, with a 503)."""
         self.closed = True
         self._grant_soon.set()  # ends the granter
+        if self.held <= 0:
+            self.drained.set()
         for origin in list(self._credited):
             self._drain(origin)
 
