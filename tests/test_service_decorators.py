@@ -279,7 +279,7 @@ def test_service_without_handlers_or_address_or_class() -> None:
         service(Calc)  # type: ignore[arg-type]  # @service without ("address")
 
     with pytest.raises(TypeError, match="decorates a class"):
-        service("x")(lambda: None)  # type: ignore[arg-type]
+        service("x")(lambda: None)  # type: ignore[type-var]
 
 
 @pytest.mark.parametrize(

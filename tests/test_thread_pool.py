@@ -26,10 +26,10 @@ class Outcomes:
     """The outcomes delivered to the event loop, by job argument."""
 
     def __init__(self) -> None:
-        self.got: dict[Any, Result] = {}
+        self.got: dict[Any, Result[Any]] = {}
         self._changed = trio.Event()
 
-    def done(self, arg: Any, result: Result) -> None:
+    def done(self, arg: Any, result: Result[Any]) -> None:
         self.got[arg] = result
         self._changed.set()
 

@@ -511,12 +511,12 @@ class Actor:
             self.running -= 1
         self._answer(call, Answer(OK, "OK", value))
 
-    def _serve(self, call: Call) -> Any:
+    def _serve(self, call: Call) -> object:
         """The handler, under the call's deadline and context (in a pool thread, or inline)."""
         with deadline.serving(call.request.deadline), handling(call):
             return call.operation.function(self.instance, *call.args, **call.kwargs)
 
-    def _ran(self, call: Call, result: Result) -> None:
+    def _ran(self, call: Call, result: Result[object]) -> None:
         """A thread's call ended (nothing cuts a thread short): its outcome is the answer,
         written at once when it is the last one out (a lone call: no writer wake-up)."""
         self._ended()

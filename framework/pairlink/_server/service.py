@@ -64,7 +64,9 @@ told otherwise; also what one busy caller can have in flight without waiting for
 _HANDLER = "__pairlink_handler__"
 _SERVICE = "__pairlink_service__"
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., Any])  # a handler: its arguments and result are the call's
+T = TypeVar("T")
+C = TypeVar("C", bound=type)
 Mode = Literal["async", "thread", "inline"]
 ExceptionTypes = tuple[type[Exception], ...]
 
@@ -173,13 +175,13 @@ def handler(
 
 
 def handler(
-    target: Any = None,
+    target: object = None,
     /,
     *,
     inline: bool = False,
     blocking: bool = False,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
-) -> Any:
+) -> object:
     """Mark a method as an operation: ``@handler``, ``@handler("name")``,
     ``@handler(inline=True)`` (a plain ``def`` run on the event loop, not in a thread).
 
@@ -211,7 +213,7 @@ def handler(
                 f"handler {function.__qualname__} is async: blocking=True was for plain def "
                 "functions, run in a thread"
             )
-        return cast(F, _mark(function, target, inline=bool(inline), expose=expose))
+        return _mark(function, target, inline=bool(inline), expose=expose)
 
     return decorate
 
@@ -230,7 +232,7 @@ def _exception_types(where: str, value: object) -> ExceptionTypes:
     return cast(ExceptionTypes, items)
 
 
-def _mark(function: Any, name: str | None, *, inline: bool, expose: ExceptionTypes = ()) -> Any:
+def _mark(function: T, name: str | None, *, inline: bool, expose: ExceptionTypes = ()) -> T:
     if isinstance(function, staticmethod | classmethod):
         kind = type(function).__name__
         raise TypeError(
@@ -274,7 +276,7 @@ def service(
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
     debug_errors: bool = False,
     middleware: Sequence[Middleware] = (),
-) -> Callable[[type[Any]], type[Any]]:
+) -> Callable[[C], C]:
     """Serve the decorated class at ``address``.
 
     ``max_concurrency``: calls run at once (1: handlers never overlap, state needs no locks).
@@ -300,7 +302,7 @@ def service(
     _check_dedup(address, dedup_window, dedup_size)
     around = check_middleware(f"@service({address!r})", middleware)
 
-    def decorate(cls: type[Any]) -> type[Any]:
+    def decorate(cls: C) -> C:
         if not inspect.isclass(cls):
             raise TypeError(f"@service({address!r}) decorates a class, not {cls!r}")
         spec = ServiceSpec(
@@ -346,11 +348,11 @@ def _mailbox(mailbox: int | None, max_concurrency: int) -> int:
     return max(DEFAULT_MAILBOX, 2 * max_concurrency) if mailbox is None else mailbox
 
 
-def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Operation]:
+def _collect_operations(cls: type, expose: ExceptionTypes) -> dict[str, Operation]:
     """The marked methods of ``cls`` and its bases (a subclass's definition of a name wins,
     marked or not), by operation name; two functions claiming one name is an error. Each
     exposes the service's ``expose`` types and its own."""
-    functions: dict[str, Any] = {}
+    functions: dict[str, object] = {}
     for klass in reversed(cls.__mro__):
         for attr, value in vars(klass).items():
             if isinstance(value, staticmethod | classmethod) and hasattr(value.__func__, _HANDLER):
@@ -358,7 +360,9 @@ def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Ope
             functions[attr] = value
     operations: dict[str, Operation] = {}
     for attr, function in functions.items():
-        mark = getattr(function, _HANDLER, None) if inspect.isfunction(function) else None
+        if not inspect.isfunction(function):
+            continue
+        mark = getattr(function, _HANDLER, None)
         if not isinstance(mark, _Mark):
             continue
         name = mark.name or attr
@@ -377,7 +381,7 @@ def _collect_operations(cls: type[Any], expose: ExceptionTypes) -> dict[str, Ope
     return operations
 
 
-def _check_hook(cls: type[Any], name: str) -> None:
+def _check_hook(cls: type, name: str) -> None:
     hook = getattr(cls, name, None)
     if hook is None:
         return

@@ -26,7 +26,7 @@ import contextvars
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import outcome
 import trio
@@ -36,10 +36,13 @@ from pairlink._io.logs import get_logger
 
 log = get_logger("pairlink.service")
 
-Result = outcome.Value[Any] | outcome.Error
-Done = Callable[[Any, Result], None]
-"""Told in the event loop of a job's argument and outcome."""
-_Job = tuple[Callable[[Any], Any], Any, Done, contextvars.Context | None]
+A = TypeVar("A")
+R = TypeVar("R")
+Result = outcome.Value[R] | outcome.Error
+"""A job's outcome: what its work returned, or what it raised."""
+_Job = tuple[Callable[[Any], object], Any, Callable[[Any, Any], None], contextvars.Context | None]
+"""A job as the queue holds it, its types erased: jobs of any argument and result share the
+queue, and :meth:`ThreadPool.submit` checks each one's parts against each other."""
 
 
 class ThreadPool:
@@ -51,7 +54,7 @@ class ThreadPool:
         self.name = name
         self.outstanding = 0  # jobs submitted whose outcome was not delivered yet (loop side)
         self._jobs: deque[_Job] = deque()
-        self._results: deque[tuple[Done, Any, Result]] = deque()
+        self._results: deque[tuple[Callable[[Any, Any], None], object, Result[object]]] = deque()
         self._delivery_due = False  # a _deliver is scheduled and has not started yet
         self._lock = threading.Lock()  # guards the four below
         self._awake = 0  # threads between jobs, or woken to look for one
@@ -88,9 +91,9 @@ class ThreadPool:
 
     def submit(
         self,
-        work: Callable[[Any], Any],
-        arg: Any,
-        done: Done,
+        work: Callable[[A], R],
+        arg: A,
+        done: Callable[[A, Result[R]], None],
         context: contextvars.Context | None = None,
     ) -> None:
         """Run ``work(arg)`` in a thread, in ``context`` (default: a fresh copy of the bound
@@ -99,7 +102,7 @@ class ThreadPool:
         self._jobs.append((work, arg, done, context))
         self._wake()
 
-    async def run_sync(self, fn: Callable[[], Any]) -> Any:
+    async def run_sync(self, fn: Callable[[], R]) -> R:
         """``fn()`` in a thread, in a copy of this task's context; like ``trio.to_thread.
         run_sync`` (not abandoned on cancel: a thread cannot be interrupted)."""
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -107,7 +110,8 @@ class ThreadPool:
         context = contextvars.copy_context()
         context.run(current_async_library_cvar.set, None)
         self.submit(_call, fn, lambda _, result: trio.lowlevel.reschedule(task, result), context)
-        return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        value: R = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
+        return value
 
     def _wake(self) -> None:
         """Make sure a thread will look at the queue: one is awake between jobs already, or
@@ -192,5 +196,5 @@ class ThreadPool:
             self._idle.set()
 
 
-def _call(fn: Callable[[], Any]) -> Any:
+def _call(fn: Callable[[], R]) -> R:
     return fn()
