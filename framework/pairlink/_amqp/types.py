@@ -31,6 +31,7 @@ __all__ = [
     "Decoded",
     "Described",
     "FieldSpec",
+    "Fields",
     "Float32",
     "Int",
     "Long",
@@ -226,6 +227,11 @@ class Described:
     descriptor: int | str
     value: object
 
+
+Fields: TypeAlias = dict[Symbol, Decoded]
+"""An AMQP ``fields`` map (the properties of open, begin, attach and flow): symbol keys (a
+plain ``str`` key goes out as one), values of any type, which in a received frame are whatever
+the peer sent (``Decoded``)."""
 
 # ----------------------------------------------------------------- composite field declarations
 # They live here, beside the values, so that declaring a class needs nothing from the codec;
