@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import struct
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pairlink._amqp.codec import DECODE_FAULTS, DECODERS
 from pairlink._amqp.described import encode_message_id
@@ -80,7 +80,7 @@ def address_fields(reply_to: str | None) -> bytes:
 
 def write_request_properties(
     out: bytearray,
-    message_id: Any,
+    message_id: object,
     address: bytes,
     content_type: bytes,
     expiry_ms: int | None,
@@ -133,7 +133,7 @@ def write_usual_request(parts: tuple[bytes, ...], message_id: int, expiry_ms: in
 
 
 def write_reply_properties(
-    out: bytearray, to: str | None, correlation_id: Any, content_type: bytes
+    out: bytearray, to: str | None, correlation_id: object, content_type: bytes
 ) -> None:
     """Append a reply's properties: ``to``, ``correlation_id`` (not None), then
     ``content_type`` (the encoded symbol, or ``b""`` for none)."""
@@ -159,7 +159,7 @@ class UsualRequest(NamedTuple):
     """The fields of a request in the usual layout, and where its last two sections begin."""
 
     ttl: int
-    message_id: Any  # a str, or a ulong as the decoder wraps it
+    message_id: str | int  # a str, or a ulong as the decoder wraps it (a ``ULong``)
     reply_to: str
     content_type: Symbol | None
     expiry_ms: int  # the absolute-expiry-time, within FIRST_MS..LAST_MS
@@ -179,7 +179,7 @@ def read_usual_request(payload: bytes) -> UsualRequest | None:
         code = payload[19]
         if code == 0xA1:  # the message-id: a string ...
             mid_end = 21 + payload[20]
-            message_id: Any = str(payload[21:mid_end], "utf-8")
+            message_id: str | int = str(payload[21:mid_end], "utf-8")
         elif code in _ID_SIZES:  # ... or a ulong
             mid_end = 19 + _ID_SIZES[code]
             message_id = _ID_DECODERS[code](payload, 20, 1)[0]
@@ -221,7 +221,7 @@ def read_usual_request(payload: bytes) -> UsualRequest | None:
 
 def read_reply_properties(
     payload: bytes, content_type: bytes
-) -> tuple[Any, str | None, int] | None:
+) -> tuple[str | int, str | None, int] | None:
     """``(correlation-id, to, end)`` of a reply whose properties are laid out as
     :func:`write_reply_properties` writes them with this ``content_type`` (encoded, not
     empty), ``end`` where the next section begins; None for any other layout. The id is what
@@ -241,7 +241,7 @@ def read_reply_properties(
         if not (payload.startswith(b"\x40\x40", 6) and payload.startswith(b"\x40\x40", pos)):
             return None  # message-id, user-id; subject, reply-to
         code = payload[pos + 2]
-        correlation_id: Any
+        correlation_id: str | int
         if code == 0x53:  # a ulong (small, full, zero) or a str8: what encode_message_id writes
             correlation_id = payload[pos + 3]
             pos += 4

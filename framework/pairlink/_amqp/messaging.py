@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import datetime
-from typing import Any, Literal, TypeAlias
+import uuid
+from typing import Literal, TypeAlias
 
 import attrs
 
@@ -33,7 +34,7 @@ from pairlink._amqp.described import class_decoder, composite, restricted, value
 from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.fast_paths import register
 from pairlink._amqp.scalars import PLAIN_SCALARS, encode_binary
-from pairlink._amqp.types import Symbol, amqp_field
+from pairlink._amqp.types import Buffer, Decoded, Fields, Symbol, amqp_field
 
 __all__ = [
     "DIST_COPY",
@@ -63,6 +64,7 @@ __all__ = [
     "Header",
     "Message",
     "MessageAnnotations",
+    "MessageId",
     "Modified",
     "Outcome",
     "Properties",
@@ -102,7 +104,7 @@ class Error:
 
     condition: str = amqp_field("symbol", mandatory=True)
     description: str | None = amqp_field("string")
-    info: dict[Symbol, Any] | None = amqp_field("fields")
+    info: Fields | None = amqp_field("fields")
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ class Header:
 class DeliveryAnnotations:
     """Hop-by-hop annotations, consumed by the next node."""
 
-    value: dict[Any, Any]
+    value: dict[Decoded, Decoded]
 
 
 @restricted(
@@ -136,7 +138,12 @@ class DeliveryAnnotations:
 class MessageAnnotations:
     """Annotations that travel with the message through intermediaries."""
 
-    value: dict[Any, Any]
+    value: dict[Decoded, Decoded]
+
+
+MessageId: TypeAlias = int | uuid.UUID | bytes | str
+"""A message-id or correlation-id (messaging.xml: ulong, uuid, binary or string): a plain
+``int`` goes out as a ulong, a decoded ulong comes back as ``ULong`` (an ``int``)."""
 
 
 @composite(code=0x73, name="amqp:properties:list", provides=("section",))
@@ -147,12 +154,12 @@ class Properties:
     out as ulong (a ``long`` is no legal message-id).
     """
 
-    message_id: Any = amqp_field("message-id")
+    message_id: MessageId | None = amqp_field("message-id")
     user_id: bytes | None = amqp_field("binary")
     to: str | None = amqp_field("address")
     subject: str | None = amqp_field("string")
     reply_to: str | None = amqp_field("address")
-    correlation_id: Any = amqp_field("message-id")
+    correlation_id: MessageId | None = amqp_field("message-id")
     content_type: str | None = amqp_field("symbol")
     content_encoding: str | None = amqp_field("symbol")
     absolute_expiry_time: datetime.datetime | None = amqp_field("timestamp")
@@ -166,7 +173,7 @@ class Properties:
 class ApplicationProperties:
     """String-keyed simple values for routing and filtering (bare message)."""
 
-    value: dict[Any, Any]
+    value: dict[Decoded, Decoded]
 
 
 @restricted(code=0x75, name="amqp:data:binary", source="binary", provides=("section",))
@@ -180,21 +187,21 @@ class Data:
 class AmqpSequence:
     """One list-of-values body section."""
 
-    value: list[Any]
+    value: list[Decoded]
 
 
 @restricted(code=0x77, name="amqp:amqp-value:*", source="*", provides=("section",))
 class AmqpValue:
     """The single AMQP value body section."""
 
-    value: Any
+    value: Decoded
 
 
 @restricted(code=0x78, name="amqp:footer:map", source="annotations", provides=("section",))
 class Footer:
     """Annotations computed over the whole bare message (hashes, signatures)."""
 
-    value: dict[Any, Any]
+    value: dict[Decoded, Decoded]
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,7 +268,7 @@ class Modified:
 
     delivery_failed: bool | None = amqp_field("boolean")
     undeliverable_here: bool | None = amqp_field("boolean")
-    message_annotations: dict[Symbol, Any] | None = amqp_field("fields")
+    message_annotations: Fields | None = amqp_field("fields")
 
 
 DeliveryState: TypeAlias = "Received | Accepted | Rejected | Released | Modified"
@@ -282,9 +289,9 @@ class Source:
     expiry_policy: str = amqp_field("terminus-expiry-policy", default=EXPIRY_SESSION_END)
     timeout: int = amqp_field("seconds", default=0)
     dynamic: bool = amqp_field("boolean", default=False)
-    dynamic_node_properties: dict[Symbol, Any] | None = amqp_field("node-properties")
+    dynamic_node_properties: Fields | None = amqp_field("node-properties")
     distribution_mode: str | None = amqp_field("symbol")
-    filter: dict[Any, Any] | None = amqp_field("filter-set")
+    filter: dict[Decoded, Decoded] | None = amqp_field("filter-set")
     default_outcome: Outcome | None = amqp_field("outcome")
     outcomes: list[Symbol] | None = amqp_field("symbol", multiple=True)
     capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
@@ -299,7 +306,7 @@ class Target:
     expiry_policy: str = amqp_field("terminus-expiry-policy", default=EXPIRY_SESSION_END)
     timeout: int = amqp_field("seconds", default=0)
     dynamic: bool = amqp_field("boolean", default=False)
-    dynamic_node_properties: dict[Symbol, Any] | None = amqp_field("node-properties")
+    dynamic_node_properties: Fields | None = amqp_field("node-properties")
     capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
 
 
@@ -368,14 +375,14 @@ class Message:
     as symbols).
     """
 
-    body: Any = None
+    body: Decoded = None
     body_kind: BodyKind = "value"
     header: Header | None = None
-    delivery_annotations: dict[Any, Any] | None = None
-    message_annotations: dict[Any, Any] | None = None
+    delivery_annotations: dict[Decoded, Decoded] | None = None
+    message_annotations: dict[Decoded, Decoded] | None = None
     properties: Properties | None = None
-    application_properties: dict[Any, Any] | None = None
-    footer: dict[Any, Any] | None = None
+    application_properties: dict[Decoded, Decoded] | None = None
+    footer: dict[Decoded, Decoded] | None = None
 
     def encode(self) -> bytes:
         """The sections in spec order, ready to be a transfer payload.
@@ -424,7 +431,7 @@ class Message:
         pos = 0
         last = -1
         body_code = -1
-        chunks: list[Any] = []
+        chunks: list[Decoded] = []
         fast = _SECTION_DEC
         start_budget(max_elements)
         try:
@@ -514,7 +521,7 @@ _VALUE_START = b"\x00\x53\x77"  # the small-ulong descriptor of amqp:amqp-value:
 _DATA_START = b"\x00\x53\x75"  # ... and of amqp:data:binary
 
 
-def encode_body(body: Any, kind: BodyKind, out: bytearray) -> None:
+def encode_body(body: object, kind: BodyKind, out: bytearray) -> None:
     """Append the body section(s) of a ``Message`` with this ``body`` and ``body_kind`` (see
     there) to ``out``: for a caller that writes the sections before it itself, as wire.py does
     for every call, without building the whole ``Message``. The two usual bodies (one
@@ -568,7 +575,7 @@ _SIZED_1 = frozenset((0xA0, 0xA1, 0xA3, 0xC0, 0xC1, 0xE0))
 _SIZED_4 = frozenset((0xB0, 0xB1, 0xB3, 0xD0, 0xD1, 0xF0))
 
 
-def _next_section(buf: Any, pos: int) -> tuple[int, int]:
+def _next_section(buf: Buffer, pos: int) -> tuple[int, int]:
     """(descriptor code, end offset) of the section at ``pos``, skipping its value when the
     usual ``0x00 0x53 code`` descriptor and a sized encoding make that possible."""
     n = len(buf)

@@ -45,11 +45,12 @@ from pairlink._amqp.messaging import (
     BodyKind,
     Header,
     Message,
+    MessageId,
     Properties,
     Rejected,
     encode_body,
 )
-from pairlink._amqp.types import Int, Symbol
+from pairlink._amqp.types import Decoded, Int, Symbol
 from pairlink._rpc.payload import (
     ENVELOPE,
     Encoding,
@@ -103,7 +104,7 @@ class Request:
     operation: str
     args: list[Any]
     kwargs: dict[str, Any]
-    message_id: Any
+    message_id: MessageId | None
     reply_to: str | None
     encoding: Encoding
     deadline: float | None  # wall-clock seconds since the epoch, None: no deadline
@@ -120,7 +121,7 @@ class Request:
         return source
 
     @property
-    def application_properties(self) -> dict[str, Any]:
+    def application_properties(self) -> dict[Decoded, Decoded]:
         """Its application-properties (for one read without its message, the operation's
         alone: the only ones :func:`read_request` takes)."""
         if isinstance(self.source, bytes):
@@ -133,7 +134,7 @@ def request_message(
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any],
     *,
-    message_id: Any,
+    message_id: MessageId | None,
     now: float,
     timeout: float | None = None,
     reply_to: str | None = ME,
@@ -155,7 +156,7 @@ def encode_request(
     args: tuple[Any, ...] | list[Any],
     kwargs: dict[str, Any],
     *,
-    message_id: Any,
+    message_id: MessageId | None,
     now: float,
     timeout: float | None = None,
     reply_to: str | None = ME,
@@ -195,7 +196,7 @@ def encode_request(
 
 
 def _request_rest(
-    out: bytearray, operation: str, headers: Mapping[str, str] | None, body: Any, kind: BodyKind
+    out: bytearray, operation: str, headers: Mapping[str, str] | None, body: object, kind: BodyKind
 ) -> bytes:
     """A request's bytes: ``out`` (its header and properties), its application-properties
     (the operation's, encoded once, unless there are ``headers`` beside it) and its body."""
@@ -215,7 +216,7 @@ _CONTENT_TYPE_FIELD = {
 
 
 def _request_head(
-    message_id: Any, now: float, timeout: float | None, reply_to: str | None
+    message_id: MessageId | None, now: float, timeout: float | None, reply_to: str | None
 ) -> tuple[Header | None, Properties]:
     properties = Properties(message_id=message_id, correlation_id=message_id, reply_to=reply_to)
     header = None
@@ -377,14 +378,14 @@ def _reply(request: Request, to: str | None, status: int, description: str) -> M
     )
 
 
-def reply_message(request: Request, value: Any, *, to: str | None) -> Message:
+def reply_message(request: Request, value: object, *, to: str | None) -> Message:
     """The successful reply (200) to ``request``, in the request's encoding."""
     message = _reply(request, to, OK, "OK")
     set_body(message, value, reply_encoding(request.encoding))
     return message
 
 
-def with_status(extra: Mapping[str, Any], status: int, description: str) -> dict[str, Any]:
+def with_status(extra: Mapping[str, object], status: int, description: str) -> dict[str, object]:
     """A reply's application-properties: a handler's ``extra`` entries, under the status,
     which they never override."""
     return {**extra, STATUS_CODE: Int(status), STATUS_DESCRIPTION: description}
@@ -394,7 +395,7 @@ _OK_STATUS = encode(ApplicationProperties({STATUS_CODE: Int(OK), STATUS_DESCRIPT
 
 
 def encode_reply(
-    request: Request, value: Any, *, to: str | None, extra: Mapping[str, Any] | None = None
+    request: Request, value: object, *, to: str | None, extra: Mapping[str, object] | None = None
 ) -> bytes:
     """The bytes of ``reply_message(request, value, to=to)``, written without building the
     message: the service sends one for every call, so the constant parts (the properties'
@@ -423,7 +424,7 @@ _OK_DATA = _OK_STATUS + b"\x00\x53\x75"
 section, the data section's descriptor."""
 
 
-def read_reply(payload: bytes) -> tuple[Any, Any] | None:
+def read_reply(payload: bytes) -> tuple[str | int, Decoded] | None:
     """``(correlation-id, value)`` of a successful msgpack reply laid out byte for byte as
     :func:`encode_reply` writes it (a pairlink service's answer to our envelope), read
     without building the message; None for any other reply, which the general path
@@ -459,7 +460,7 @@ def error_message(
     to: str | None,
     error_type: str | None = None,
     ref: str | None = None,
-    extra: Mapping[str, Any] | None = None,
+    extra: Mapping[str, object] | None = None,
 ) -> Message:
     """A failure reply: the status and description, the exception type the service discloses,
     and the reference id of its log entry (``ERROR_REF``), when there are such; ``extra``:
@@ -477,7 +478,7 @@ def error_message(
     return message
 
 
-def parse_reply(message: Message) -> Any:
+def parse_reply(message: Message) -> Decoded:
     """The value a reply carries, as plain Python values; a failure reply raises
     ``RemoteError`` with a plain ``int`` status and ``str`` fields, whatever types the service
     sent them as."""

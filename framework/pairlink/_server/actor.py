@@ -37,7 +37,6 @@ import functools
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import attrs
 import outcome
@@ -116,7 +115,7 @@ class Actor:
         self.observer: CallObserver | None = None  # set when the server keeps metrics
         self.middleware = (*middleware, *spec.middleware)
         # chosen once: without middleware, a call costs what it did before there was any
-        self._invoke: Callable[[Operation, Call], Awaitable[Any]] = (
+        self._invoke: Callable[[Operation, Call], Awaitable[object]] = (
             self._through_middleware if self.middleware else self._handle
         )
         self.tracer = spans.opentelemetry_tracer()  # None: no spans (plain W3C propagation)
@@ -573,12 +572,12 @@ class Actor:
             return Answer(UNAVAILABLE, "shut down before the call finished")
         return Answer(TIMEOUT, "the deadline passed while it ran")
 
-    async def _through_middleware(self, operation: Operation, call: Call) -> Any:
+    async def _through_middleware(self, operation: Operation, call: Call) -> object:
         """The handler inside the middleware (``self._invoke`` when there is some)."""
         handler = functools.partial(self._handle, operation, call)
         return await through(self.middleware, call.call_context(), handler)
 
-    async def _handle(self, operation: Operation, call: Call) -> Any:
+    async def _handle(self, operation: Operation, call: Call) -> object:
         """Run the handler (``self._invoke`` when there is no middleware)."""
         if operation.mode == "async":
             return await operation.function(self.instance, *call.args, **call.kwargs)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import attrs
 
 from pairlink._amqp.link import Delivery, Link
-from pairlink._amqp.messaging import Message, Properties
+from pairlink._amqp.messaging import DeliveryState, Message, Properties
 from pairlink._io.links import LinkEnd
 from pairlink._rpc.payload import Encoding
 from pairlink._rpc.tracing import TraceScope
@@ -28,12 +28,12 @@ class Origin(CreditedLink, Protocol):
     @property
     def end(self) -> LinkEnd: ...
     def release(self) -> None: ...
-    def set_outcome(self, delivery: Delivery, state: Any) -> None: ...
+    def set_outcome(self, delivery: Delivery, state: DeliveryState) -> None: ...
     def route_for(self, reply_to: object) -> Route | None: ...
     def why_unroutable(self, reply_to: object) -> tuple[str, str]: ...
 
 
-def log_ids(origin: Origin, message_id: Any) -> dict[str, Any]:
+def log_ids(origin: Origin, message_id: object) -> dict[str, object]:
     """What ties a log line to its call: its connection, request link and message-id."""
     return {"conn": origin.end.conn.id, "link": origin.link.name, "message_id": message_id}
 
@@ -67,10 +67,10 @@ class Answer:
 
     status: int
     description: str
-    value: Any = None  # the handler's result, for a 200
+    value: object = None  # the handler's result, for a 200
     error_type: str | None = None  # the exception type the service discloses
     ref: str | None = None  # the log's reference id of an undisclosed failure
-    reply_properties: dict[str, Any] | None = None  # the application-properties its handler set
+    reply_properties: dict[str, object] | None = None  # the application-properties its handler set
 
 
 @attrs.define(slots=True, eq=False)

@@ -52,7 +52,7 @@ import attrs
 
 from pairlink._amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
 from pairlink._amqp.link import Delivery, Link
-from pairlink._amqp.messaging import Error
+from pairlink._amqp.messaging import DeliveryState, Error
 from pairlink._amqp.performatives import (
     RCV_FIRST,
     ROLE_RECEIVER,
@@ -120,7 +120,7 @@ class RequestLink(LinkOwner):
         slot is freed (the mailbox's, which grants it again, or ends a drain)."""
         self.actor.mailbox.release(self.ledger.caller)
 
-    def set_outcome(self, delivery: Delivery, state: Any) -> None:
+    def set_outcome(self, delivery: Delivery, state: DeliveryState) -> None:
         """Say the outcome (Accepted, Rejected) of an unsettled request."""
         if self.end.usable:
             self.end.conn.settle(delivery, state)

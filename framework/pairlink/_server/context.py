@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from pairlink._amqp.messaging import MessageId
+from pairlink._amqp.types import Decoded
 from pairlink._rpc.tracing import TraceScope
 
 
@@ -33,15 +35,15 @@ class CallContext:
     they never override.
     """
 
-    message_id: Any
+    message_id: MessageId | None
     user: str | None  # the caller's SASL identity; None: it did not authenticate
     container_id: str | None  # the container-id of the caller's connection (its open)
     peer: str  # the caller's network address
     deadline: float | None  # wall-clock seconds since the epoch, as pairlink._rpc.deadline
-    application_properties: Mapping[str, Any]  # the request's, read-only
+    application_properties: Mapping[str, Decoded]  # the request's, read-only
     service: str  # the address of the service called (as this server serves it)
     operation: str  # the operation called
-    reply_properties: dict[str, Any] = attrs.field(factory=dict)
+    reply_properties: dict[str, object] = attrs.field(factory=dict)
 
 
 Proceed = Callable[[], Awaitable[Any]]

@@ -37,7 +37,6 @@ import socket
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import attrs
@@ -277,7 +276,7 @@ class _Supervisor:
         return True
 
 
-def _status_fields(status: int) -> dict[str, Any]:
+def _status_fields(status: int) -> dict[str, object]:
     """An exit status as log fields: the exit code, or the signal that ended the process."""
     if status < 0:
         return {"signal": signal.Signals(-status).name}
