@@ -202,7 +202,8 @@ class Array(list[_T]):
 
     ``element_code`` is the constructor byte shared by the elements (for described elements,
     the code of the inner value); ``None`` lets the encoder choose the narrowest one that fits
-    every element. Decoding always sets it to the code found on the wire.
+    every element. Decoding always sets it to the code found on the wire (and gives an
+    ``Array[Decoded]``: the peer chose the element type).
     """
 
     __slots__ = ("element_code",)
