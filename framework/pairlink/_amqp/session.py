@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -99,7 +99,6 @@ class Session:
         factory=list
     )
     next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
-    user_data: Any = None  # the layer above's, as ``Link.user_data``
 
     def __attrs_post_init__(self) -> None:
         self.incoming_window = self.incoming_window_size
