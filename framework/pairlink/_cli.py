@@ -22,7 +22,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
-from typing import Any, NoReturn, cast
+from typing import NoReturn, cast
 
 import attrs
 import trio
@@ -56,7 +56,7 @@ def _version() -> str:
         return "0+unknown"
 
 
-def _json_argument(text: str) -> Any:
+def _json_argument(text: str) -> object:
     try:
         return json.loads(text)
     except ValueError:
@@ -65,7 +65,7 @@ def _json_argument(text: str) -> Any:
         ) from None
 
 
-def _property(text: str) -> tuple[str, Any]:
+def _property(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
@@ -203,7 +203,7 @@ def _add_metrics_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_log_options(parser: argparse.ArgumentParser, default: Any) -> None:
+def _add_log_options(parser: argparse.ArgumentParser, default: str | None) -> None:
     """The log options, on the command and on each subcommand (``pairlink serve ...
     --log-level debug``); a subcommand's default must be SUPPRESS, or it would erase a value
     given before the subcommand."""
@@ -297,7 +297,7 @@ def _print_reply_head(reply: Reply) -> None:
         print("outcome:", _json({name: _fields(reply.outcome)}))
 
 
-def _fields(value: Any) -> dict[str, Any]:
+def _fields(value: object) -> dict[str, object]:
     """The fields of an AMQP composite (properties, an outcome) that are set."""
     if value is None:
         return {}
@@ -305,11 +305,11 @@ def _fields(value: Any) -> dict[str, Any]:
     return {name.replace("_", "-"): v for name, v in fields.items()}
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, default=_jsonable, ensure_ascii=False)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> str:
     """What JSON has no type for: bytes as text (undecodable bytes escaped), the rest as
     their string form (timestamps, UUIDs, AMQP symbols and described values)."""
     if isinstance(value, bytes | bytearray | memoryview):
@@ -427,7 +427,7 @@ def _load(spec: str) -> list[type]:
     return found
 
 
-def _is_service(value: Any) -> bool:
+def _is_service(value: object) -> bool:
     from pairlink._server.service import spec_of
 
     if not inspect.isclass(value):

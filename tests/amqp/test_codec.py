@@ -231,7 +231,7 @@ _PTYPE_OF = {
 }  # fmt: skip
 
 
-def _matches(v: Array, ptype: int) -> bool:
+def _matches(v: Array[object], ptype: int) -> bool:
     return bool(_PTYPE_OF[type(v[0])] == ptype)
 
 

@@ -28,7 +28,7 @@ from pairlink._amqp import errors as conditions
 from pairlink._amqp.connection import Connection
 from pairlink._amqp.events import ConnectionOpened
 from pairlink._amqp.framing import FrameReader, encode_frame
-from pairlink._amqp.messaging import Source, Target
+from pairlink._amqp.messaging import Rejected, Source, Target
 from pairlink._amqp.performatives import ROLE_SENDER, Attach, Begin, Close, Detach, End
 from pairlink._amqp.session import Session
 from pairlink._io import net
@@ -294,7 +294,7 @@ async def test_lp9_a_routing_node_and_each_of_its_legs_count_against_max_pairs()
             # a second route needs a second leg: no place left, the request is rejected
             delivery = await sender.send(routed_request(2, SLOW, "hold"), settled=False)
         state = delivery.remote_state
-        assert state is not None and state.error is not None
+        assert isinstance(state, Rejected) and state.error is not None
         assert state.error.condition == conditions.RESOURCE_LIMIT_EXCEEDED
         assert SLOW.encode() not in chain.gn_go.all_bytes()
         with trio.fail_after(10):  # the node and its first leg go on

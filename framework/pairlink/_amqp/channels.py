@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from . import errors
 from .config import ConnectionConfig
@@ -32,7 +32,7 @@ from .events import (
 )
 from .link import IncomingBytes, Link, LinkError, LinkSession, LinkState
 from .messaging import Error
-from .performatives import Attach, Begin, Detach, Disposition, End, Flow, Transfer
+from .performatives import Attach, Begin, Detach, Disposition, End, Flow, Performative, Transfer
 from .session import Session, SessionState
 
 
@@ -40,7 +40,7 @@ class WriteOnChannel(Protocol):
     """The connection's frame writer: ``performative`` (and ``payload``) on ``channel``."""
 
     def __call__(
-        self, channel: int, performative: Any, payload: bytes | memoryview = b""
+        self, channel: int, performative: Performative, payload: bytes | memoryview = b""
     ) -> None: ...
 
 
@@ -262,7 +262,11 @@ class Channels:
         events.append(LinkDetached(link, bool(perf.closed), error, by_peer))
 
 
-DISPATCH: dict[type, Any] = {
+Handler: TypeAlias = Callable[[Channels, int, Any, list[Event]], None]
+"""A ``Channels`` method taking the performative of its key's type: a table cannot tie the
+performative's type to its key, so here it is ``Any`` (each method's own signature is exact)."""
+
+DISPATCH: dict[type, Handler] = {
     Begin: Channels.on_begin,
     End: Channels.on_end,
     Attach: Channels.on_attach,

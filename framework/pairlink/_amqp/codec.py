@@ -26,8 +26,8 @@ import datetime
 import struct
 import threading
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import NoReturn, Protocol, TypeAlias
 
 from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.scalars import (
@@ -59,11 +59,13 @@ from pairlink._amqp.scalars import (
 )
 from pairlink._amqp.types import (
     Array,
+    Buffer,
     Byte,
     Char,
     Decimal32,
     Decimal64,
     Decimal128,
+    Decoded,
     Described,
     Float32,
     Int,
@@ -132,7 +134,17 @@ def _finish(out: bytearray, pos: int, count: int, code8: int) -> None:
         out[pos : pos + 3] = _P_BII(code8 + 0x10, size + 3, count)
 
 
-def encode_list(v: Any, out: bytearray) -> None:
+class Pairs(Protocol):
+    """What a map encoder takes: a mapping read once, by ``items()`` and ``len()``. Not
+    ``Mapping[object, object]``, whose key type is invariant: that would refuse a
+    ``dict[str, int]``."""
+
+    def items(self) -> Iterable[tuple[object, object]]: ...
+
+    def __len__(self) -> int: ...
+
+
+def encode_list(v: Sequence[object], out: bytearray) -> None:
     if not v:
         out.append(0x45)
         return
@@ -144,7 +156,7 @@ def encode_list(v: Any, out: bytearray) -> None:
     _finish(out, pos, len(v), 0xC0)
 
 
-def encode_map(v: Any, out: bytearray) -> None:
+def encode_map(v: Pairs, out: bytearray) -> None:
     pos = len(out)
     out += b"\xc1\x00\x00"
     encs = ENCODERS
@@ -154,7 +166,7 @@ def encode_map(v: Any, out: bytearray) -> None:
     _finish(out, pos, 2 * len(v), 0xC1)
 
 
-def encode_fields(v: Any, out: bytearray) -> None:
+def encode_fields(v: Pairs, out: bytearray) -> None:
     """A map whose plain ``str`` keys go out as symbols (fields, annotations, filter-set)."""
     pos = len(out)
     out += b"\xc1\x00\x00"
@@ -168,7 +180,7 @@ def encode_fields(v: Any, out: bytearray) -> None:
     _finish(out, pos, 2 * len(v), 0xC1)
 
 
-def encode_descriptor(d: Any, out: bytearray) -> None:
+def encode_descriptor(d: object, out: bytearray) -> None:
     if isinstance(d, int) and not isinstance(d, bool):
         encode_ulong(d, out)
     elif isinstance(d, str):
@@ -177,7 +189,7 @@ def encode_descriptor(d: Any, out: bytearray) -> None:
         encode_into(d, out)
 
 
-def _e_described(v: Any, out: bytearray) -> None:
+def _e_described(v: Described, out: bytearray) -> None:
     out.append(0x00)
     encode_descriptor(v.descriptor, out)
     encode_into(v.value, out)
@@ -230,12 +242,12 @@ def _split(enc: bytearray) -> tuple[bytes, int, bytes]:
     return bytes(enc[:i]), enc[i], bytes(enc[i + 1 :])
 
 
-def encode_array(v: Any, out: bytearray) -> None:
-    forced = getattr(v, "element_code", None)
+def encode_array(v: Sequence[object], out: bytearray) -> None:
+    forced: int | None = getattr(v, "element_code", None)
     if not v:
         out += bytes((0xE0, 2, 0, 0x40 if forced is None else forced))
         return
-    parts = []
+    parts: list[tuple[bytes, int, bytes]] = []
     for item in v:
         tmp = bytearray()
         encode_into(item, tmp)
@@ -293,12 +305,12 @@ def resolve_encoder(t: type) -> Encoder:
     raise TypeError(f"cannot encode a {t.__qualname__} as AMQP")
 
 
-def encode_into(value: Any, out: bytearray) -> None:
+def encode_into(value: object, out: bytearray) -> None:
     """Append the smallest AMQP encoding of ``value`` to ``out`` (type chosen by Python type)."""
     (ENCODERS.get(type(value)) or resolve_encoder(type(value)))(value, out)
 
 
-def encode(value: Any) -> bytes:
+def encode(value: object) -> bytes:
     """The AMQP encoding of ``value`` as ``bytes``."""
     out = bytearray()
     encode_into(value, out)
@@ -309,7 +321,7 @@ def encode(value: Any) -> bytes:
 # Compound payload decoders, shaped as scalars.py's.
 
 
-def _bad_compound(buf: Any, off: int, end: int, count: int) -> DecodeError:
+def _bad_compound(buf: Buffer, off: int, end: int, count: int) -> DecodeError:
     if end > len(buf):
         return overrun(buf, end)
     if count > end - off:
@@ -318,8 +330,8 @@ def _bad_compound(buf: Any, off: int, end: int, count: int) -> DecodeError:
 
 
 def _items(
-    buf: Any, off: int, end: int, count: int, depth: int, dec: list[Decoder]
-) -> tuple[list[Any], int]:
+    buf: Buffer, off: int, end: int, count: int, depth: int, dec: list[Decoder]
+) -> tuple[list[Decoded], int]:
     # Size within the data, count within the size (every item takes a byte), depth capped.
     if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
         raise _bad_compound(buf, off, end, count)
@@ -329,7 +341,7 @@ def _items(
         raise _over_budget()
     cell[0] = left
     depth += 1
-    items: list[Any] = []
+    items: list[Decoded] = []
     append = items.append
     for _ in range(count):
         v, off = dec[buf[off]](buf, off + 1, depth)
@@ -339,15 +351,15 @@ def _items(
     return items, off
 
 
-def _d_list0(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_list0(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
     return [], off
 
 
-def _d_list8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_list8(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
     return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth, DECODERS)
 
 
-def _d_list32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_list32(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
     size, count = _U_II(buf, off)
     return _items(buf, off + 8, off + 4 + size, count, depth, DECODERS)
 
@@ -357,17 +369,19 @@ def list_decoders(items: list[Decoder]) -> dict[int, Decoder]:
     256 by constructor as ``DECODERS`` is: a list of one type, each item checked as it is
     read, with the same bounds as any list."""
 
-    def d8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def d8(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
         return _items(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth, items)
 
-    def d32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def d32(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
         size, count = _U_II(buf, off)
         return _items(buf, off + 8, off + 4 + size, count, depth, items)
 
     return {0x45: _d_list0, 0xC0: d8, 0xD0: d32}
 
 
-def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
+def _pairs(
+    buf: Buffer, off: int, end: int, count: int, depth: int
+) -> tuple[dict[Decoded, Decoded], int]:
     # Size within the data, count within the size (every item takes a byte), depth capped.
     if end > len(buf) or count > end - off or depth >= MAX_DEPTH:
         raise _bad_compound(buf, off, end, count)
@@ -380,7 +394,7 @@ def _pairs(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     cell[0] = left
     depth += 1
     dec = DECODERS
-    result: dict[Any, Any] = {}
+    result: dict[Decoded, Decoded] = {}
     for _ in range(count >> 1):
         k, off = dec[buf[off]](buf, off + 1, depth)
         v, off = dec[buf[off]](buf, off + 1, depth)
@@ -410,10 +424,10 @@ def memoized_maps(dec: ClassDecoder) -> ClassDecoder:
 
     Only a ``bytes`` buffer is looked up (a slice of it is the key); the memo is cleared when
     full, so bytes that never repeat cost one lookup and one insertion each."""
-    memo: dict[bytes, dict[Any, Any]] = {}
+    memo: dict[bytes, dict[Decoded, Decoded]] = {}
     immutable = _IMMUTABLE
 
-    def d(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def d(code: int, buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
         if code != 0xC1 or type(buf) is not bytes:
             return dec(code, buf, off, depth)
         end = off + 1 + buf[off]
@@ -438,22 +452,22 @@ def memoized_maps(dec: ClassDecoder) -> ClassDecoder:
     return d
 
 
-def _d_map8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_map8(buf: Buffer, off: int, depth: int) -> tuple[dict[Decoded, Decoded], int]:
     return _pairs(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
 
 
-def _d_map32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_map32(buf: Buffer, off: int, depth: int) -> tuple[dict[Decoded, Decoded], int]:
     size, count = _U_II(buf, off)
     return _pairs(buf, off + 8, off + 4 + size, count, depth)
 
 
-def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, int]:
+def _array(buf: Buffer, off: int, end: int, count: int, depth: int) -> tuple[Array[Decoded], int]:
     if end > len(buf):
         raise overrun(buf, end)
     if depth >= MAX_DEPTH:
         raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
     depth += 1
-    descriptors = []
+    descriptors: list[int | Symbol] = []
     code = buf[off]
     off += 1
     while code == 0x00:
@@ -475,7 +489,7 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     if left < 0:
         raise _over_budget()
     cell[0] = left
-    items = Array(element_code=code)
+    items: Array[Decoded] = Array(element_code=code)
     append = items.append
     if inner is not None:
         for _ in range(count):
@@ -497,16 +511,16 @@ def _array(buf: Any, off: int, end: int, count: int, depth: int) -> tuple[Any, i
     return items, off
 
 
-def _d_array8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_array8(buf: Buffer, off: int, depth: int) -> tuple[Array[Decoded], int]:
     return _array(buf, off + 2, off + 1 + buf[off], buf[off + 1], depth)
 
 
-def _d_array32(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_array32(buf: Buffer, off: int, depth: int) -> tuple[Array[Decoded], int]:
     size, count = _U_II(buf, off)
     return _array(buf, off + 8, off + 4 + size, count, depth)
 
 
-def decode_descriptor(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def decode_descriptor(buf: Buffer, off: int, depth: int) -> tuple[int | Symbol, int]:
     """A descriptor: a ulong (as a plain ``int``) or a symbol. Part 1 §1.5 reserves any other
     type, and only these two encode back as descriptors, so the rest is a decode error."""
     desc, off = DECODERS[buf[off]](buf, off + 1, depth)
@@ -518,12 +532,12 @@ def decode_descriptor(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     return desc, off
 
 
-def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_described(buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
     if depth >= MAX_DEPTH:
         raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
     depth += 1
     if buf[off] == 0x53:  # the usual small ulong descriptor: skip the generic path
-        desc: Any = buf[off + 1]
+        desc: int | Symbol = buf[off + 1]
         off += 2
     else:
         desc, off = decode_descriptor(buf, off, depth)
@@ -541,18 +555,18 @@ def _d_described(buf: Any, off: int, depth: int) -> tuple[Any, int]:
     return Described(desc, value), off
 
 
-def _wrap(cls: Callable[[Any], Any], plain: Decoder) -> Decoder:
+def _wrap(cls: type[int], plain: Decoder) -> Decoder:
     new = int.__new__
 
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[int, int]:
         v, off = plain(buf, off, depth)
-        return new(cls, v), off  # type: ignore[call-overload]
+        return new(cls, v), off
 
     return dec
 
 
 def invalid_constructor(code: int, what: str = "AMQP value") -> Decoder:
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec(buf: Buffer, off: int, depth: int) -> NoReturn:
         raise DecodeError(f"constructor 0x{code:02x} is not a valid {what}")
 
     return dec
@@ -566,7 +580,7 @@ PLAIN_DECODERS: dict[str, dict[int, Decoder]] = {
     "array": {0xE0: _d_array8, 0xF0: _d_array32},
 }
 # Plain ``int`` already encodes as ``long``, so ``long`` decodes unwrapped (cheaper, same wire).
-_WRAPPERS: dict[str, type] = {"ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
+_WRAPPERS: dict[str, type[int]] = {"ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
                               "byte": Byte, "short": Short, "int": Int}  # fmt: skip
 
 DECODERS: list[Decoder] = [invalid_constructor(c) for c in range(256)]
@@ -579,15 +593,15 @@ _ELEMENT_CODES = frozenset(c for codes in PLAIN_DECODERS.values() for c in codes
 
 # Described-class decoders, keyed by ulong code and by symbolic name (filled by described.py):
 # ``(format_code, buf, off, depth) -> (instance, off)`` with ``off`` just past the format code.
-ClassDecoder = Callable[[int, Any, int, int], tuple[Any, int]]
-CLASS_DECODERS: dict[Any, ClassDecoder] = {}
-_CLASS_WEIGHT: dict[Any, int] = {}
+ClassDecoder: TypeAlias = Callable[[int, Buffer, int, int], tuple[Decoded, int]]
+CLASS_DECODERS: dict[int | str, ClassDecoder] = {}
+_CLASS_WEIGHT: dict[int | str, int] = {}
 """Values an instance builds besides itself (a composite's declared fields), by descriptor."""
 _UNCLASSED_WEIGHT = 3  # a ``Described`` of no class: itself, its descriptor and its value
 
 
 def register_class(
-    cls: type, descriptors: tuple[Any, ...], enc: Encoder, dec: ClassDecoder, weight: int
+    cls: type, descriptors: tuple[int | str, ...], enc: Encoder, dec: ClassDecoder, weight: int
 ) -> None:
     """Encode ``cls`` with ``enc``; decode a value described by any of ``descriptors`` (its
     code and name) with ``dec``, counting ``weight`` values besides the instance itself
@@ -598,7 +612,7 @@ def register_class(
         _CLASS_WEIGHT[descriptor] = weight
 
 
-def skip_values(buf: Any, off: int, n: int, depth: int) -> int:
+def skip_values(buf: Buffer, off: int, n: int, depth: int) -> int:
     """Step over ``n`` values (a composite's trailing fields from a newer peer: the spec says
     to ignore them), counted against the decode's budget; the offset just past them."""
     cell = _BUDGET.cell
@@ -612,8 +626,8 @@ def skip_values(buf: Any, off: int, n: int, depth: int) -> int:
 
 
 def decode_from(
-    buf: bytes | bytearray | memoryview, offset: int = 0, max_elements: int = MAX_ELEMENTS
-) -> tuple[Any, int]:
+    buf: Buffer, offset: int = 0, max_elements: int = MAX_ELEMENTS
+) -> tuple[Decoded, int]:
     """Decode one value starting at ``offset``; return it and the offset just past it.
 
     ``max_elements`` bounds the values it may build (``MAX_ELEMENTS``)."""
@@ -621,7 +635,7 @@ def decode_from(
     return decode_more(buf, offset)
 
 
-def decode_more(buf: bytes | bytearray | memoryview, offset: int) -> tuple[Any, int]:
+def decode_more(buf: Buffer, offset: int) -> tuple[Decoded, int]:
     """``decode_from`` within the budget ``start_budget`` began (the next of several values)."""
     try:
         return DECODERS[buf[offset]](buf, offset + 1, 0)
@@ -645,7 +659,7 @@ def as_decode_error(exc: BaseException) -> DecodeError:
     return DecodeError(f"malformed AMQP value ({exc})")
 
 
-def decode(buf: bytes | bytearray | memoryview, max_elements: int = MAX_ELEMENTS) -> Any:
+def decode(buf: Buffer, max_elements: int = MAX_ELEMENTS) -> Decoded:
     """Decode exactly one value that fills ``buf``; trailing bytes are a ``DecodeError``."""
     value, end = decode_from(buf, 0, max_elements)
     if end != len(buf):

@@ -8,7 +8,7 @@ service or a gateway configures them in one place and the engine reads them from
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -16,6 +16,9 @@ from .codec import MAX_ELEMENTS
 from .link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from .sasl import SaslClient, SaslServer
 from .session import HANDLE_MAX
+
+if TYPE_CHECKING:
+    from .types import Fields
 
 MAX_MESSAGE_SIZE = 64 * 2**20
 """The largest incoming message we reassemble (64 MiB), announced on every attach of ours: a
@@ -44,7 +47,7 @@ class ConnectionConfig:
     idle_timeout: float | None = None  # seconds of silence after which the peer is dead
     offered_capabilities: Sequence[str] = ()
     desired_capabilities: Sequence[str] = ()
-    properties: dict[Any, Any] | None = None
+    properties: Fields | None = None
     max_message_size: int = MAX_MESSAGE_SIZE  # the largest incoming message we reassemble
     session_window: int = 65536  # incoming window of our sessions, in transfer frames
     sasl: SaslClient | SaslServer | None = None

@@ -17,8 +17,6 @@ may go out, so open/begin/attach/flow/transfer can leave in one burst.
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import errors
 from .channels import DISPATCH, Channels
 from .config import ConnectionConfig
@@ -34,7 +32,7 @@ from .framing import AMQP_HEADER, FRAME_AMQP, HEARTBEAT, Frame, FrameReader, enc
 from .handshake import Handshake, Phase
 from .link import UINT_MAX, Delivery, Forward, IncomingBytes, Link, LinkState
 from .liveness import Due, Liveness
-from .messaging import Error, Source, Target
+from .messaging import DeliveryState, Error, Source, Target
 from .performatives import (
     MIN_MAX_FRAME_SIZE,
     RCV_FIRST,
@@ -44,11 +42,12 @@ from .performatives import (
     Close,
     Detach,
     Open,
+    Performative,
     Transfer,
 )
 from .session import Session, SessionState
 from .transfer_codec import encode_first_transfer, encode_transfer_frame
-from .types import Symbol
+from .types import Fields, Symbol
 
 __all__ = ["Connection", "ConnectionConfig"]  # (ConnectionConfig lives in config.py)
 
@@ -138,7 +137,9 @@ class Connection:
         self._liveness.sent(now)
         return data
 
-    def _write(self, channel: int, performative: Any, payload: bytes | memoryview = b"") -> None:
+    def _write(
+        self, channel: int, performative: Performative, payload: bytes | memoryview = b""
+    ) -> None:
         if self._close_sent:  # nothing follows our close (§2.4.3): settling, granting credit or
             return  # detaching on events of input that ended in a close is then a no-op
         out = self._out if self._amqp_out else self._held
@@ -225,10 +226,10 @@ class Connection:
         target: Target | None,
         snd_settle_mode: int = SND_MIXED,
         rcv_settle_mode: int = RCV_FIRST,
-        properties: dict[Any, Any] | None = None,
+        properties: Fields | None = None,
         max_message_size: int | None = None,
-        offered_capabilities: list[Any] | None = None,
-        desired_capabilities: list[Any] | None = None,
+        offered_capabilities: list[Symbol] | None = None,
+        desired_capabilities: list[Symbol] | None = None,
     ) -> Link:
         """Start a link of ours; the peer's answer arrives as ``LinkAttached``."""
         self._check_usable()
@@ -267,9 +268,9 @@ class Connection:
         target: Target | None,
         snd_settle_mode: int | None = None,
         rcv_settle_mode: int | None = None,
-        properties: dict[Any, Any] | None = None,
+        properties: Fields | None = None,
         max_message_size: int | None = None,
-        offered_capabilities: list[Any] | None = None,
+        offered_capabilities: list[Symbol] | None = None,
     ) -> None:
         """Answer a ``LinkAttachRequested`` with our attach; the link is then attached."""
         if link.state is not LinkState.ATTACH_RECEIVED:
@@ -418,7 +419,9 @@ class Connection:
         encode_first_transfer(self._out, channel, handle, delivery_id, tag, 0, True, payload)
         return True
 
-    def settle(self, delivery: Delivery, state: Any = None, *, settled: bool = True) -> None:
+    def settle(
+        self, delivery: Delivery, state: DeliveryState | None = None, *, settled: bool = True
+    ) -> None:
         """Declare ``state`` for a delivery (and settle it); dispositions go out in ranges."""
         session = delivery.link.session
         session.settle(delivery, state, settled)

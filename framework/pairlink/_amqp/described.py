@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, TypeVar, dataclass_transform
+from typing import Protocol, TypeVar, cast, dataclass_transform
 
 import attrs
 
@@ -74,8 +74,10 @@ from pairlink._amqp.types import (
     FIELD_META,
     FIELD_TYPES,
     Array,
+    Buffer,
     Byte,
     Char,
+    Decoded,
     FieldSpec,
     Float32,
     Int,
@@ -96,16 +98,16 @@ _U_II = struct.Struct(">II").unpack_from
 _U_I = struct.Struct(">I").unpack_from
 _U_Q = struct.Struct(">Q").unpack_from
 
-_CLASSES: dict[Any, type] = {}
+_CLASSES: dict[int | str, type] = {}
 """Registered classes by ulong descriptor code and by symbolic name (see ``registered_class``)."""
 _VALUE_DEC: dict[type, ClassDecoder] = {}
 """Value-only decoders of the ``@restricted`` classes (see ``value_decoder``)."""
-_PROVIDERS: dict[str, set[Any]] = {}
+_PROVIDERS: dict[str, set[int | str]] = {}
 """Descriptors (codes and names) of the classes that provide each spec type (``source``...),
 and of each composite under its own type name (``error``): what a ``requires`` field takes."""
 
 
-def encode_message_id(v: Any, out: bytearray) -> None:
+def encode_message_id(v: object, out: bytearray) -> None:
     """Message ids are ulong, uuid, binary or string: a plain int can only mean ulong."""
     if type(v) is int:
         encode_ulong(v, out)
@@ -125,7 +127,7 @@ _FIELD_ENC: dict[str, Encoder] = {
 }  # fmt: skip
 assert set(_FIELD_ENC) == FIELD_TYPES
 # How an element of a ``multiple`` field is made into the value whose encoder fits the type.
-_COERCE: dict[str, Callable[[Any], Any]] = {
+_COERCE: dict[str, type] = {
     "boolean": bool, "ubyte": UByte, "ushort": UShort, "uint": UInt, "ulong": ULong,
     "byte": Byte, "short": Short, "int": Int, "long": Long, "float": Float32, "double": float,
     "char": Char, "binary": bytes, "string": str, "symbol": Symbol,
@@ -161,7 +163,7 @@ def _fields_keys(dec: Decoder) -> Decoder:
     annotations). A string key is read as the symbol it should have been, so it must be ASCII:
     that way every key we accept encodes again."""
 
-    def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def d(buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
         v, off = dec(buf, off, depth)
         for k in v:
             t = type(k)
@@ -176,11 +178,11 @@ def _requires_table(requires: str) -> list[Decoder]:
     """A field whose value must be a described type providing ``requires`` (or null)."""
     providers = _PROVIDERS.setdefault(requires, set())  # filled as classes register
 
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
         if depth >= MAX_DEPTH:
             raise DecodeError(f"nesting deeper than {MAX_DEPTH}")
         if buf[off] == 0x53:
-            desc: Any = buf[off + 1]
+            desc: int | Symbol = buf[off + 1]
             off += 2
         else:
             desc, off = decode_descriptor(buf, off, depth + 1)
@@ -195,7 +197,7 @@ def _requires_table(requires: str) -> list[Decoder]:
 
 
 def _listed(dec: Decoder) -> Decoder:
-    def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def d(buf: Buffer, off: int, depth: int) -> tuple[list[Decoded], int]:
         v, off = dec(buf, off, depth)
         return [v], off
 
@@ -211,7 +213,7 @@ def _multiple_table(t: str) -> list[Decoder]:
     allowed = frozenset(PLAIN_DECODERS["map" if t == "fields" else t]) if t != "*" else None
 
     def checked(dec: Decoder) -> Decoder:
-        def d(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        def d(buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
             v, off = dec(buf, off, depth)
             if allowed is not None and v.element_code not in allowed:
                 raise DecodeError(f"array of 0x{v.element_code:02x} in a multiple {t} field")
@@ -235,7 +237,7 @@ def _multiple_enc(t: str) -> Encoder:
     coerce = _COERCE.get(t)
     empty = next(iter(PLAIN_DECODERS[t])) if t in PLAIN_DECODERS else 0x40
 
-    def enc(v: Any, out: bytearray) -> None:
+    def enc(v: object, out: bytearray) -> None:
         if isinstance(v, (list, tuple)):
             items = v if coerce is None else [coerce(x) for x in v]
             encode_array(
@@ -253,7 +255,9 @@ def _prefix(code: int | str) -> bytes:
     return bytes(out)
 
 
-def _compile(src: str, ns: dict[str, Any], fn: str) -> Any:
+def _compile(src: str, ns: dict[str, object], fn: str) -> object:
+    """The function ``fn`` that ``src`` defines, run in ``ns``; which is opaque to mypy, so
+    the caller says what it built (once per class, when decorated)."""
     exec(compile(src, f"<amqp codec {fn}>", "exec"), ns)
     return ns[fn]
 
@@ -315,7 +319,7 @@ def _gen_composite(
     nulls cost nothing to omit on the way out, nor absent fields on the way in.
     """
     k = len(specs)
-    ns: dict[str, Any] = {"head": pre + b"\xc0\x00\x00", "list0": pre + b"\x45",
+    ns: dict[str, object] = {"head": pre + b"\xc0\x00\x00", "list0": pre + b"\x45",
                           "P_BII": _P_BII, "U_II": _U_II, "DecodeError": DecodeError, "CLS": cls,
                           "LocalProtocolError": LocalProtocolError, "INVALID": INVALID_FIELD,
                           "skip": skip_values, "UINT_SMALL": UINT_SMALL, "ENC": ENCODERS,
@@ -336,7 +340,9 @@ def _gen_composite(
         "    if end > blen or n > end - off:",
         f"        raise DecodeError('{name}: list size or count exceeds the data')",
     ]
-    post, body, indent = [], [], "    "
+    post: list[str] = []
+    body: list[str] = []
+    indent = "    "
     for i, (attr, s) in enumerate(specs):
         ns[f"E{i}"] = _multiple_enc(s.amqp_type) if s.multiple else _FIELD_ENC[s.amqp_type]
         ns[f"T{i}"] = (
@@ -386,7 +392,8 @@ def _gen_composite(
     ]
     dec += post
     dec.append(f"    return CLS({', '.join(f'v{i}' for i in range(k))}), off")
-    enc_fn, dec_fn = _compile("\n".join(enc), ns, "enc"), _compile("\n".join(dec), ns, "dec")
+    enc_fn = cast(Encoder, _compile("\n".join(enc), ns, "enc"))
+    dec_fn = cast(ClassDecoder, _compile("\n".join(dec), ns, "dec"))
     _register(cls, enc_fn, dec_fn, provides, k)
 
 
@@ -441,6 +448,13 @@ def composite(
     return decorate
 
 
+class _HasValue(Protocol):
+    """An instance of a ``@restricted`` class, as its encoder reads it."""
+
+    @property
+    def value(self) -> object: ...
+
+
 @dataclass_transform()
 def restricted(
     *, code: int, name: str, source: str, provides: tuple[str, ...] = ()
@@ -455,7 +469,7 @@ def restricted(
         value_enc = _FIELD_ENC[base]
         table = _field_table(base)
 
-        def enc(self: Any, out: bytearray) -> None:
+        def enc(self: _HasValue, out: bytearray) -> None:
             out += pre
             v = self.value
             if v is None:
@@ -463,10 +477,10 @@ def restricted(
             else:
                 value_enc(v, out)
 
-        def value_dec(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        def value_dec(code: int, buf: Buffer, off: int, depth: int) -> tuple[Decoded, int]:
             return table[code](buf, off, depth)
 
-        def dec(code: int, buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        def dec(code: int, buf: Buffer, off: int, depth: int) -> tuple[object, int]:
             v, off = table[code](buf, off, depth)
             return new_cls(v), off
 

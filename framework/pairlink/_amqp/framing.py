@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
@@ -29,6 +28,7 @@ from pairlink._amqp.transfer_codec import (
     encode_transfer_frame,
     settled_whole,
 )
+from pairlink._amqp.types import Buffer, Decoded
 
 __all__ = [
     "AMQP_HEADER",
@@ -63,19 +63,22 @@ _COMPACT_AT = 1 << 16
 
 @attrs.define(slots=True)
 class Frame:
-    """One received frame; ``performative`` is None for a heartbeat (empty body)."""
+    """One received frame; ``performative`` is None for a heartbeat (empty body).
+
+    ``performative`` is ``Decoded``: ``read_frame`` checked that it is a performative of the
+    frame's type, but its readers dispatch on its class through tables mypy cannot follow."""
 
     type: int
     channel: int
-    performative: Any
+    performative: Decoded
     payload: memoryview
 
 
 def encode_frame(
     out: bytearray,
     channel: int,
-    performative: Any,
-    payload: bytes | bytearray | memoryview = b"",
+    performative: object,
+    payload: Buffer = b"",
     frame_type: int = FRAME_AMQP,
 ) -> None:
     """Append one frame (no extended header) to ``out``; ``performative=None`` writes an empty
@@ -96,9 +99,7 @@ def encode_frame(
     _HEADER.pack_into(out, start, size, 2, frame_type, channel)
 
 
-def split_body(
-    body: bytes | bytearray | memoryview, max_elements: int = MAX_ELEMENTS
-) -> tuple[Any, memoryview]:
+def split_body(body: Buffer, max_elements: int = MAX_ELEMENTS) -> tuple[Decoded, memoryview]:
     """Split a frame body into its performative and the payload after it, without copying the
     payload (a zero-copy view of ``body``). Raises ``DecodeError`` if the body does not start
     with a described value, or if that value holds more than ``max_elements`` values."""

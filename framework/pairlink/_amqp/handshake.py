@@ -12,13 +12,19 @@ connection decides when its held AMQP frames may follow our AMQP header.
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 from . import errors
 from .errors import RemoteProtocolError
 from .events import Event, SaslDone, TransportFailed
 from .framing import AMQP_HEADER, FRAME_SASL, SASL_HEADER, Frame, encode_frame
-from .performatives import SASL_OK, SaslChallenge, SaslInit, SaslMechanisms, SaslOutcome
+from .performatives import (
+    SASL_OK,
+    SaslChallenge,
+    SaslFrame,
+    SaslInit,
+    SaslMechanisms,
+    SaslOutcome,
+)
 from .sasl import ANONYMOUS_IDENTITY, SaslClient, SaslFailed, SaslServer
 from .types import Symbol
 
@@ -123,5 +129,5 @@ class Handshake:
             errors.ILLEGAL_STATE, f"unexpected {type(perf).__name__} during SASL"
         )
 
-    def _write(self, performative: Any) -> None:
+    def _write(self, performative: SaslFrame) -> None:
         encode_frame(self._out, 0, performative, b"", FRAME_SASL)

@@ -24,7 +24,8 @@ from . import errors
 from .performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED, Attach, Flow, Transfer
 
 if TYPE_CHECKING:
-    from .messaging import Source, Target
+    from .messaging import DeliveryState, Error, Source, Target
+    from .types import Fields, Symbol
 
 SERIAL_MOD = 1 << 32
 SERIAL_MASK = SERIAL_MOD - 1
@@ -95,7 +96,7 @@ class LinkSession(Protocol):
 
     def forward(self, link: Link, size: int, max_frame_size: int) -> int | None: ...
 
-    def settle(self, delivery: Delivery, state: Any, settled: bool) -> None: ...
+    def settle(self, delivery: Delivery, state: DeliveryState | None, settled: bool) -> None: ...
 
     def flush_dispositions(self) -> None: ...
 
@@ -124,8 +125,8 @@ class Delivery:
     tag: bytes
     settled: bool = False  # settled by us
     message_format: int = 0
-    state: Any = None  # the outcome we declared
-    remote_state: Any = None
+    state: DeliveryState | None = None  # the outcome we declared
+    remote_state: DeliveryState | None = None
     remote_settled: bool = False
     aborted: bool = False
 
@@ -143,12 +144,12 @@ class Link:
     target: Target | None = None
     snd_settle_mode: int = SND_MIXED
     rcv_settle_mode: int = RCV_FIRST
-    properties: dict[Any, Any] | None = None
+    properties: Fields | None = None
     max_message_size: int | None = None  # the limit we enforce on incoming messages
-    offered_capabilities: list[Any] | None = None
-    desired_capabilities: list[Any] | None = None
+    offered_capabilities: list[Symbol] | None = None
+    desired_capabilities: list[Symbol] | None = None
     remote_attach: Attach | None = None
-    detach_error: Any = None  # the error our own detach carried, reported with LinkDetached
+    detach_error: Error | None = None  # our own detach's error, reported with LinkDetached
     remote_handle: int | None = None
     # flow state (§2.6.7), both roles keep the same names
     delivery_count: int = 0
@@ -162,7 +163,8 @@ class Link:
     _partial: Delivery | None = None
     _partial_buf: bytearray = attrs.field(factory=bytearray)
     _next_tag: int = 0
-    user_data: Any = None  # free for the layer above (a mailbox, a future...)
+    user_data: Any = None  # the layer above's (a mailbox, a future...): never read here, and
+    # read back there as the type it stored, which the sans-IO core cannot name
     forward: Forward | None = None  # as receiver: a relay's pass-through (Session.pass_through)
     reported_in: int | None = None  # the input batch in which a message was last reported
 
@@ -183,7 +185,7 @@ class Link:
         return self.remote_attach.target if self.remote_attach else None
 
     @property
-    def remote_properties(self) -> dict[Any, Any] | None:
+    def remote_properties(self) -> Fields | None:
         return self.remote_attach.properties if self.remote_attach else None
 
     @property

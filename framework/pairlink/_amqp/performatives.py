@@ -11,12 +11,12 @@ from here (no cycle).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 from pairlink._amqp import messaging
 from pairlink._amqp.described import composite, registered_class
 from pairlink._amqp.messaging import DeliveryState, Error, Source, Target
-from pairlink._amqp.types import Symbol, amqp_field
+from pairlink._amqp.types import Decoded, Fields, Symbol, amqp_field
 
 __all__ = [
     "AMQP_PERFORMATIVES",
@@ -90,7 +90,7 @@ class Open:
     incoming_locales: list[Symbol] | None = amqp_field("ietf-language-tag", multiple=True)
     offered_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
     desired_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
-    properties: dict[Symbol, Any] | None = amqp_field("fields")
+    properties: Fields | None = amqp_field("fields")
 
 
 @composite(code=0x11, name="amqp:begin:list", provides=("frame",))
@@ -104,7 +104,7 @@ class Begin:
     handle_max: int = amqp_field("handle", default=_UINT_MAX)
     offered_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
     desired_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
-    properties: dict[Symbol, Any] | None = amqp_field("fields")
+    properties: Fields | None = amqp_field("fields")
 
 
 @composite(code=0x12, name="amqp:attach:list", provides=("frame",))
@@ -118,13 +118,13 @@ class Attach:
     rcv_settle_mode: int = amqp_field("receiver-settle-mode", default=RCV_FIRST)
     source: Source | None = amqp_field("source")
     target: Target | None = amqp_field("target")
-    unsettled: dict[Any, Any] | None = amqp_field("map")
+    unsettled: dict[Decoded, Decoded] | None = amqp_field("map")
     incomplete_unsettled: bool = amqp_field("boolean", default=False)
     initial_delivery_count: int | None = amqp_field("sequence-no")
     max_message_size: int | None = amqp_field("ulong")
     offered_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
     desired_capabilities: list[Symbol] | None = amqp_field("symbol", multiple=True)
-    properties: dict[Symbol, Any] | None = amqp_field("fields")
+    properties: Fields | None = amqp_field("fields")
 
 
 @composite(code=0x13, name="amqp:flow:list", provides=("frame",))
@@ -141,7 +141,7 @@ class Flow:
     available: int | None = amqp_field("uint")
     drain: bool = amqp_field("boolean", default=False)
     echo: bool = amqp_field("boolean", default=False)
-    properties: dict[Symbol, Any] | None = amqp_field("fields")
+    properties: Fields | None = amqp_field("fields")
 
 
 @composite(code=0x14, name="amqp:transfer:list", provides=("frame",))

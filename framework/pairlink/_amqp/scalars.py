@@ -13,13 +13,27 @@ import datetime
 import struct
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 from pairlink._amqp.errors import DecodeError
-from pairlink._amqp.types import Char, Decimal32, Decimal64, Decimal128, Float32, Symbol
+from pairlink._amqp.types import (
+    Buffer,
+    Char,
+    Decimal32,
+    Decimal64,
+    Decimal128,
+    Decoded,
+    Float32,
+    Symbol,
+)
 
-Encoder = Callable[[Any, bytearray], None]
-Decoder = Callable[[Any, int, int], tuple[Any, int]]
+Encoder: TypeAlias = Callable[[Any, bytearray], None]
+"""An encoder as the dispatch tables hold it (``ENCODERS`` by Python type, the composites' by
+field type): each takes the values of its own type, precise in its own signature, but a table
+cannot tie its values' parameter to its keys, so the table's entry takes ``Any``."""
+Decoder: TypeAlias = Callable[[Buffer, int, int], tuple[Decoded, int]]
+"""A payload decoder: ``(buf, off, depth) -> (value, new_off)``, ``off`` just past the
+constructor byte (see below)."""
 
 _UTC = datetime.UTC
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -47,11 +61,11 @@ def _bad(kind: str, value: object) -> ValueError:
 # ---------------------------------------------------------------------------------- encoding
 
 
-def encode_null(v: Any, out: bytearray) -> None:
+def encode_null(v: None, out: bytearray) -> None:
     out.append(0x40)
 
 
-def encode_bool(v: Any, out: bytearray) -> None:
+def encode_bool(v: object, out: bytearray) -> None:
     out.append(0x41 if v else 0x42)
 
 
@@ -59,7 +73,7 @@ def _packer(code: int, fmt: str, kind: str) -> Encoder:
     """Encoder of a fixed-width type with one encoding; struct checks the range."""
     pack = struct.Struct(">B" + fmt).pack
 
-    def enc(v: Any, out: bytearray) -> None:
+    def enc(v: float, out: bytearray) -> None:
         try:
             out += pack(code, v)
         except struct.error:
@@ -73,7 +87,7 @@ def _ranged(small: list[bytes], bias: int, code: int, fmt: str, kind: str) -> En
     pack = struct.Struct(">B" + fmt).pack
     lo, hi = -bias, len(small) - 1 - bias
 
-    def enc(v: Any, out: bytearray) -> None:
+    def enc(v: int, out: bytearray) -> None:
         if lo <= v <= hi:
             out += small[v + bias]
             return
@@ -88,7 +102,7 @@ def _ranged(small: list[bytes], bias: int, code: int, fmt: str, kind: str) -> En
 def _raw(code: int) -> Encoder:
     """Encoder of a decimal type, whose exact bytes the value keeps."""
 
-    def enc(v: Any, out: bytearray) -> None:
+    def enc(v: Decimal32 | Decimal64 | Decimal128, out: bytearray) -> None:
         out.append(code)
         out += v.raw
 
@@ -112,25 +126,24 @@ _e_utf32 = _packer(0x73, "I", "char")
 _e_ms64 = _packer(0x83, "q", "timestamp")
 
 
-def encode_char(v: Any, out: bytearray) -> None:
+def encode_char(v: str, out: bytearray) -> None:
     if len(v) != 1:
         raise _bad("char", v)
     _e_utf32(ord(v), out)
 
 
-def encode_timestamp(v: Any, out: bytearray) -> None:
+def encode_timestamp(v: datetime.datetime | int, out: bytearray) -> None:
     if isinstance(v, datetime.datetime):
-        v = (v.replace(tzinfo=_UTC) if v.tzinfo is None else v) - _EPOCH
-        v //= _ONE_MS
+        v = ((v.replace(tzinfo=_UTC) if v.tzinfo is None else v) - _EPOCH) // _ONE_MS
     _e_ms64(v, out)
 
 
-def encode_uuid(v: Any, out: bytearray) -> None:
+def encode_uuid(v: uuid.UUID, out: bytearray) -> None:
     out.append(0x98)
     out += v.bytes
 
 
-def encode_binary(v: Any, out: bytearray) -> None:
+def encode_binary(v: Buffer, out: bytearray) -> None:
     if type(v) is memoryview and (v.format != "B" or v.ndim != 1):
         v = v.cast("B")
     n = len(v)
@@ -138,14 +151,14 @@ def encode_binary(v: Any, out: bytearray) -> None:
     out += v
 
 
-def encode_string(v: Any, out: bytearray) -> None:
+def encode_string(v: str, out: bytearray) -> None:
     b = v.encode()
     n = len(b)
     out += _STR8[n] if n <= 0xFF else _P_BI(0xB1, n)
     out += b
 
 
-def encode_symbol(v: Any, out: bytearray) -> None:
+def encode_symbol(v: str, out: bytearray) -> None:
     b = v.encode("ascii")
     n = len(b)
     out += _SYM8[n] if n <= 0xFF else _P_BI(0xB3, n)
@@ -158,15 +171,15 @@ def encode_symbol(v: Any, out: bytearray) -> None:
 # codec.py's generic table wraps them so a decoded value re-encodes as the same AMQP type.
 
 
-def overrun(buf: Any, end: int) -> DecodeError:
+def overrun(buf: Buffer, end: int) -> DecodeError:
     """The error for a declared size that runs past the end of ``buf``."""
     return DecodeError(f"declared size runs {end - len(buf)} byte(s) past the data")
 
 
-def _const(value: Any) -> Decoder:
+def _const(value: object) -> Decoder:
     """Decoder of a zero-width encoding (null, true, false, uint0, ulong0, list0)."""
 
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[object, int]:
         return value, off
 
     return dec
@@ -175,38 +188,38 @@ def _const(value: Any) -> Decoder:
 decode_null, _d_zero = _const(None), _const(0)
 
 
-def _d_bool(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_bool(buf: Buffer, off: int, depth: int) -> tuple[bool, int]:
     b = buf[off]
     if b > 1:
         raise DecodeError(f"boolean byte must be 0 or 1, got {b}")
     return b == 1, off + 1
 
 
-def _d_u8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_u8(buf: Buffer, off: int, depth: int) -> tuple[int, int]:
     return buf[off], off + 1
 
 
-def _unpacker(fmt: str, cls: Callable[[Any], Any] | None = None) -> Decoder:
+def _unpacker(fmt: str, cls: type[float] | None = None) -> Decoder:
     """Decoder of a fixed-width number (struct raises on a short buffer)."""
     st = struct.Struct(">" + fmt)
     unpack, n = st.unpack_from, st.size
     if cls is None:
 
-        def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+        def dec(buf: Buffer, off: int, depth: int) -> tuple[float, int]:
             return unpack(buf, off)[0], off + n
 
         return dec
 
-    def dec_cls(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec_cls(buf: Buffer, off: int, depth: int) -> tuple[float, int]:
         return cls(unpack(buf, off)[0]), off + n
 
     return dec_cls
 
 
-def _fixed(cls: Callable[[bytes], Any], n: int) -> Decoder:
+def _fixed(cls: Callable[[bytes], object], n: int) -> Decoder:
     """Decoder of a fixed-width value built from its raw bytes (uuid, decimals)."""
 
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[object, int]:
         end = off + n
         if end > len(buf):
             raise overrun(buf, end)
@@ -215,7 +228,7 @@ def _fixed(cls: Callable[[bytes], Any], n: int) -> Decoder:
     return dec
 
 
-def _d_char(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_char(buf: Buffer, off: int, depth: int) -> tuple[Char, int]:
     cp = _U_I(buf, off)[0]
     if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
         raise DecodeError(f"char 0x{cp:x} is not a Unicode scalar value")
@@ -225,7 +238,7 @@ def _d_char(buf: Any, off: int, depth: int) -> tuple[Any, int]:
 _TIMEDELTA = datetime.timedelta
 
 
-def _d_timestamp(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_timestamp(buf: Buffer, off: int, depth: int) -> tuple[datetime.datetime, int]:
     ms = _U_q(buf, off)[0]
     try:  # positional milliseconds: a keyword call costs a third more, per timestamp
         return _EPOCH + _TIMEDELTA(0, 0, 0, ms), off + 8
@@ -234,29 +247,29 @@ def _d_timestamp(buf: Any, off: int, depth: int) -> tuple[Any, int]:
 
 
 # The 8-bit forms are the common ones: decoded inline. The 32-bit forms share one helper.
-def _d_vbin8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_vbin8(buf: Buffer, off: int, depth: int) -> tuple[bytes, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
         raise overrun(buf, end)
     return bytes(buf[off + 1 : end]), end
 
 
-def _d_str8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_str8(buf: Buffer, off: int, depth: int) -> tuple[str, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
         raise overrun(buf, end)
     return str(buf[off + 1 : end], "utf-8"), end
 
 
-def _d_sym8(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _d_sym8(buf: Buffer, off: int, depth: int) -> tuple[Symbol, int]:
     end = off + 1 + buf[off]
     if end > len(buf):
         raise overrun(buf, end)
     return Symbol(str(buf[off + 1 : end], "ascii")), end
 
 
-def _var32(convert: Callable[[Any], Any]) -> Decoder:
-    def dec(buf: Any, off: int, depth: int) -> tuple[Any, int]:
+def _var32(convert: Callable[[Buffer], object]) -> Decoder:
+    def dec(buf: Buffer, off: int, depth: int) -> tuple[object, int]:
         end = off + 4 + _U_I(buf, off)[0]
         if end > len(buf):
             raise overrun(buf, end)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,9 +29,21 @@ from .link import (
     serial_add,
     serial_diff,
 )
-from .performatives import ROLE_RECEIVER, ROLE_SENDER, Attach, Begin, Disposition, Flow, Transfer
+from .performatives import (
+    ROLE_RECEIVER,
+    ROLE_SENDER,
+    Attach,
+    Begin,
+    Disposition,
+    Flow,
+    Performative,
+    Transfer,
+)
 
-WriteFrame = Callable[[Any, bytes | memoryview], None]
+if TYPE_CHECKING:
+    from .messaging import DeliveryState
+
+WriteFrame = Callable[[Performative, bytes | memoryview], None]
 
 PIPELINE_WINDOW = 16
 """Transfer frames we send before the peer's begin tells us its incoming window (LP-10)."""
@@ -83,9 +95,11 @@ class Session:
     incoming: IncomingBytes = attrs.field(factory=lambda: IncomingBytes(MAX_INCOMPLETE_BYTES))
     _blocked: deque[tuple[Transfer, bytes | memoryview]] = attrs.field(factory=deque)
     blocked_bytes: int = 0  # payload bytes in ``_blocked``: written once the peer's window opens
-    _pending_dispositions: list[tuple[bool, int, bool, Any]] = attrs.field(factory=list)
+    _pending_dispositions: list[tuple[bool, int, bool, DeliveryState | None]] = attrs.field(
+        factory=list
+    )
     next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
-    user_data: Any = None
+    user_data: Any = None  # the layer above's, as ``Link.user_data``
 
     def __attrs_post_init__(self) -> None:
         self.incoming_window = self.incoming_window_size
@@ -389,7 +403,7 @@ class Session:
 
     # -- dispositions ----------------------------------------------------------------------
 
-    def settle(self, delivery: Delivery, state: Any, settled: bool) -> None:
+    def settle(self, delivery: Delivery, state: DeliveryState | None, settled: bool) -> None:
         """Declare an outcome for a delivery; frames coalesce into ranges at ``flush``."""
         delivery.state = state
         if settled:
@@ -430,7 +444,7 @@ class Session:
         self._write_disposition(run_role, first, last, settled, state)
 
     def _write_disposition(
-        self, role: bool, first: int, last: int, settled: bool, state: Any
+        self, role: bool, first: int, last: int, settled: bool, state: DeliveryState | None
     ) -> None:
         self.write(
             Disposition(

@@ -13,12 +13,12 @@ codec's: a malformed transfer is never judged here, only left to it.
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 from .codec import encode_into
 from .link import MAX_DELIVERY_TAG
 from .performatives import Transfer
 from .scalars import UINT_SMALL, encode_uint
+from .types import Buffer
 
 __all__ = [
     "TRANSFER_PREFIX",
@@ -47,7 +47,7 @@ _VBIN8 = [bytes((0xA0, i)) for i in range(MAX_DELIVERY_TAG + 1)]
 _BOOL = {0x40: False, 0x41: True, 0x42: False}  # resume, aborted, batchable: default false
 
 
-def decode_transfer(buf: Any, off: int, end: int) -> tuple[Transfer, int] | None:
+def decode_transfer(buf: Buffer, off: int, end: int) -> tuple[Transfer, int] | None:
     """The transfer whose body starts at ``off`` (just past ``TRANSFER_PREFIX``) in a frame
     ending at ``end``, and the offset of its payload; None unless it is in a common shape.
 
@@ -170,7 +170,7 @@ def decode_transfer(buf: Any, off: int, end: int) -> tuple[Transfer, int] | None
         return None
 
 
-def _uint_at(buf: Any, p: int) -> tuple[int, int]:
+def _uint_at(buf: Buffer, p: int) -> tuple[int, int]:
     """The uint at ``p`` (uint0, smalluint or uint) and the offset past it; -1 for any other
     encoding."""
     c = buf[p]
@@ -183,7 +183,7 @@ def _uint_at(buf: Any, p: int) -> tuple[int, int]:
     return -1, p
 
 
-def settled_whole(buf: Any, off: int, end: int) -> tuple[int, int, int] | None:
+def settled_whole(buf: Buffer, off: int, end: int) -> tuple[int, int, int] | None:
     """(handle, delivery-id, offset of the payload) of the transfer whose body starts at
     ``off`` (just past ``TRANSFER_PREFIX``) in a frame ending at ``end``, if it carries a whole
     pre-settled message of format 0 in the usual shape: a list8 of the five fields up to

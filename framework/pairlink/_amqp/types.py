@@ -12,20 +12,26 @@ class can be declared without the codec; described.py compiles them into encoder
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Self, TypeAlias, TypeVar
 
 import attrs
 
+if TYPE_CHECKING:
+    from _typeshed import ConvertibleToInt
+
 __all__ = [
     "Array",
+    "Buffer",
     "Byte",
     "Char",
     "Decimal32",
     "Decimal64",
     "Decimal128",
+    "Decoded",
     "Described",
     "FieldSpec",
+    "Fields",
     "Float32",
     "Int",
     "Long",
@@ -37,6 +43,21 @@ __all__ = [
     "UShort",
     "amqp_field",
 ]
+
+_T = TypeVar("_T")
+
+Decoded: TypeAlias = Any
+"""A value the codec decoded from the peer's bytes: of whatever type the peer sent, which the
+caller checks before relying on it (by ``type()``, ``isinstance`` or a field's declared type,
+which the decoder enforced). ``Any`` on purpose, and the only ``Any`` of the decode side: the
+exact union would be open (every described class registered at import belongs to it) and
+recursive, and ``object`` would make every caller cast what it has just checked by means mypy
+cannot follow (a descriptor table, ``type(v) is X`` kept in a local), costing calls on paths
+that run per value."""
+
+Buffer: TypeAlias = bytes | bytearray | memoryview
+"""What the decoders read: indexing gives an ``int``, slicing the same kind of buffer, and
+``struct`` unpacks from it (frames come as ``bytearray``/``memoryview``, messages as ``bytes``)."""
 
 
 class Symbol(str):
@@ -69,7 +90,7 @@ class _RangedInt(int):
     _min = 0
     _max = 0
 
-    def __new__(cls, value: Any = 0) -> Any:
+    def __new__(cls, value: ConvertibleToInt = 0) -> Self:
         self = super().__new__(cls, value)
         if not cls._min <= self <= cls._max:
             raise OverflowError(f"{cls.__name__} out of range [{cls._min}, {cls._max}]: {value}")
@@ -147,7 +168,7 @@ class Float32(float):
         return f"Float32({float(self)!r})"
 
 
-def _width(n: int) -> Any:
+def _width(n: int) -> Callable[[object, object, bytes], None]:
     def check(_inst: object, _attr: object, raw: bytes) -> None:
         if type(raw) is not bytes or len(raw) != n:
             raise ValueError(f"needs exactly {n} raw bytes, got {raw!r}")
@@ -176,7 +197,7 @@ class Decimal128:
     raw: bytes = attrs.field(validator=_width(16))
 
 
-class Array(list[Any]):
+class Array(list[_T]):
     """An AMQP ``array``: one element type for all items, written once.
 
     ``element_code`` is the constructor byte shared by the elements (for described elements,
@@ -186,7 +207,7 @@ class Array(list[Any]):
 
     __slots__ = ("element_code",)
 
-    def __init__(self, items: Iterable[Any] = (), element_code: int | None = None) -> None:
+    def __init__(self, items: Iterable[_T] = (), element_code: int | None = None) -> None:
         super().__init__(items)
         self.element_code = element_code
 
@@ -199,12 +220,18 @@ class Array(list[Any]):
 class Described:
     """A described value whose descriptor has no registered class.
 
-    ``descriptor`` is an ``int`` (a ulong code, domain in the high 32 bits) or a ``Symbol``.
+    ``descriptor`` is an ``int`` (a ulong code, domain in the high 32 bits) or a ``Symbol``
+    (a plain ``str`` goes out as one too); ``value`` is only encoded or compared.
     """
 
-    descriptor: Any
-    value: Any
+    descriptor: int | str
+    value: object
 
+
+Fields: TypeAlias = dict[Symbol, Decoded]
+"""An AMQP ``fields`` map (the properties of open, begin, attach and flow): symbol keys (a
+plain ``str`` key goes out as one), values of any type, which in a received frame are whatever
+the peer sent (``Decoded``)."""
 
 # ----------------------------------------------------------------- composite field declarations
 # They live here, beside the values, so that declaring a class needs nothing from the codec;
@@ -233,7 +260,7 @@ _ALIASES = {
 REQUIRES = frozenset(_k for _k, _v in _ALIASES.items() if _v == "*")
 """Spec types a field names whose values are described types that ``provide`` them (or, for
 ``error``, the composite of that name): anything else there is a decode error, whatever it is."""
-_CHOICES: dict[str, frozenset[Any]] = {
+_CHOICES: dict[str, frozenset[int | str]] = {
     "sender-settle-mode": frozenset((0, 1, 2)),
     "receiver-settle-mode": frozenset((0, 1)),
     "terminus-durability": frozenset((0, 1, 2)),
@@ -267,18 +294,19 @@ class FieldSpec:
     amqp_type: str
     mandatory: bool = False
     multiple: bool = False
-    default: Any = None
+    default: object = None
     requires: str | None = None
-    choices: frozenset[Any] | None = None
+    choices: frozenset[int | str] | None = None
 
 
 def amqp_field(
-    amqp_type: str, *, mandatory: bool = False, multiple: bool = False, default: Any = None
+    amqp_type: str, *, mandatory: bool = False, multiple: bool = False, default: object = None
 ) -> Any:
     """Declare a composite field: an attrs field (default ``default``) carrying its AMQP type.
 
     Mandatory fields default to ``None`` too (attrs forbids required fields after optional
-    ones, and the spec interleaves them); leaving one unset fails at encode time.
+    ones, and the spec interleaves them); leaving one unset fails at encode time. Returns
+    ``Any`` as ``attrs.field`` does, so that it fits whatever type the class annotates.
     """
     spec = FieldSpec(
         field_type(amqp_type),

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Set
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import attrs
 
 from pairlink._client.health import HEALTH
 from pairlink._io.limits import Limits
-from pairlink._io.toml_config import TomlReader, read_config_text, type_name
+from pairlink._io.toml_config import Table, TomlReader, read_config_text, type_name
 from pairlink._io.toml_lines import KeyPath, dotted
 from pairlink.errors import ConfigError
 
@@ -125,10 +125,25 @@ def parse_config(
     return reader.config(reader.parse(text))
 
 
+class _Bounds(TypedDict, total=False):
+    """The top-level settings that ``GatewayConfig`` takes as keywords."""
+
+    idle_timeout: float
+    attach_timeout: float
+    max_pairs: int
+    limits: Limits
+
+
+_TIMEOUTS: tuple[Literal["idle_timeout", "attach_timeout"], ...] = (
+    "idle_timeout",
+    "attach_timeout",
+)
+
+
 class _Reader(TomlReader):
     """The gateway's document, with the shared checks of :class:`TomlReader`."""
 
-    def config(self, document: dict[str, Any]) -> GatewayConfig:
+    def config(self, document: Table) -> GatewayConfig:
         self.keys(document, (), _TOP_KEYS)
         listen = self.url(self.required(document, (), "listen"), ("listen",))
         users = None
@@ -138,11 +153,10 @@ class _Reader(TomlReader):
         tls = self.tls(document, ("listen",), listen.startswith("amqps:"))
         self.certificates_verified(certificate_users, tls)
         client_ca = None if tls is None else tls.client_ca
-        limits: dict[str, Any] = {  # absent: GatewayConfig's defaults
-            key: self.seconds(document[key], (key,))
-            for key in ("idle_timeout", "attach_timeout")
-            if key in document
-        }
+        limits: _Bounds = {}  # absent: GatewayConfig's defaults
+        for key in _TIMEOUTS:
+            if key in document:
+                limits[key] = self.seconds(document[key], (key,))
         if "max_pairs" in document:
             limits["max_pairs"] = self.count(document["max_pairs"], ("max_pairs",), "pairs")
         if "limits" in document:
@@ -160,7 +174,7 @@ class _Reader(TomlReader):
             **limits,
         )
 
-    def routes(self, document: dict[str, Any], users: Set[str] | None) -> tuple[Route, ...]:
+    def routes(self, document: Table, users: Set[str] | None) -> tuple[Route, ...]:
         tables = document.get("route")
         if not isinstance(tables, list) or not tables:
             problem = "missing" if tables is None else f"{type_name(tables)}, not [[route]] tables"

@@ -42,7 +42,7 @@ class Logger:
 
     __slots__ = ("_context", "_stdlib", "_structlog")
 
-    def __init__(self, name: str, context: dict[str, Any]) -> None:
+    def __init__(self, name: str, context: dict[str, object]) -> None:
         self._context = context
         self._stdlib = logging.getLogger(name)
         # as structlog's own bind: resolved now if configured (a line then costs what structlog's
@@ -50,26 +50,26 @@ class Logger:
         proxy = structlog.get_logger(name, **context)
         self._structlog = proxy.bind() if context and structlog.is_configured() else proxy
 
-    def bind(self, **fields: Any) -> Logger:
+    def bind(self, **fields: object) -> Logger:
         return Logger(self._stdlib.name, {**self._context, **fields})
 
-    def debug(self, event: str, **fields: Any) -> None:
+    def debug(self, event: str, **fields: object) -> None:
         self._log(logging.DEBUG, "debug", event, fields)
 
-    def info(self, event: str, **fields: Any) -> None:
+    def info(self, event: str, **fields: object) -> None:
         self._log(logging.INFO, "info", event, fields)
 
-    def warning(self, event: str, **fields: Any) -> None:
+    def warning(self, event: str, **fields: object) -> None:
         self._log(logging.WARNING, "warning", event, fields)
 
-    def error(self, event: str, **fields: Any) -> None:
+    def error(self, event: str, **fields: object) -> None:
         self._log(logging.ERROR, "error", event, fields)
 
-    def _log(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
+    def _log(self, level: int, method: str, event: str, fields: dict[str, object]) -> None:
         if structlog.is_configured():
             getattr(self._structlog, method)(event, **fields)
         elif self._stdlib.isEnabledFor(level):
-            exc_info = fields.pop("exc_info", None)
+            exc_info: Any = fields.pop("exc_info", None)  # as given: logging judges it
             fields = {**self._context, **fields}
             extra = {f"{k}_" if k in _RECORD_ATTRIBUTES else k: v for k, v in fields.items()}
             extra["event"] = event
@@ -83,7 +83,7 @@ def get_logger(name: str) -> Logger:
     return Logger(name, {})
 
 
-def _value(value: Any) -> str:
+def _value(value: object) -> str:
     """A field as ``key=value`` shows it (logfmt): in double quotes only when it would not
     read as one word."""
     text = str(value)
@@ -125,7 +125,7 @@ def configure_stderr(level: str, style: str) -> None:
     logging.basicConfig(level=threshold, handlers=[handler])
 
 
-def tag_process(**fields: Any) -> None:
+def tag_process(**fields: object) -> None:
     """Add ``fields`` to every line this process logs from now on (under
     :func:`configure_stderr`): ``--workers`` tags each worker's lines with its index."""
     structlog.contextvars.bind_contextvars(**fields)

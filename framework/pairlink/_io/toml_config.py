@@ -14,7 +14,7 @@ import ssl
 import tomllib
 from collections.abc import Mapping, Set
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
@@ -54,6 +54,10 @@ def read_config_text(path: str | os.PathLike[str]) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{os.fspath(path)}: cannot read the config: {exc}") from None
 
+
+Table: TypeAlias = dict[str, object]
+"""A TOML table (or the whole document) as tomllib parses it: its values are whatever the file
+says, each checked where it is read."""
 
 _TLS_KEYS = ("cert", "key", "client_ca")
 _USER_KEYS = ("password_env", "certificate")
@@ -113,7 +117,7 @@ class TomlReader:
         where = f" at column {at.group(2)}" if at else " at the end"
         self.fail(self.lines.key_at(line), f"not valid TOML: {problem}{where}", line=line)
 
-    def parse(self, text: str) -> dict[str, Any]:
+    def parse(self, text: str) -> Table:
         """The TOML document of ``text``; a syntax error names its line and key."""
         try:
             return tomllib.loads(text)
@@ -148,7 +152,7 @@ class TomlReader:
             name = min(certificate_users)
             self.fail(("users", name, "certificate"), "needs [tls] client_ca to verify it")
 
-    def tls(self, document: dict[str, Any], listen: KeyPath, secure: bool) -> TlsFiles | None:
+    def tls(self, document: Table, listen: KeyPath, secure: bool) -> TlsFiles | None:
         """The ``[tls]`` table, checked now (files load as PEM) rather than at the first peer;
         required exactly when the listener at ``listen`` is ``amqps://`` (``secure``)."""
         if "tls" not in document:
@@ -169,7 +173,7 @@ class TomlReader:
             client_ca = self.ca_file(tls["client_ca"], ("tls", "client_ca"))
         return TlsFiles(cert, key, client_ca)
 
-    def metrics_listen(self, document: dict[str, Any]) -> str | None:
+    def metrics_listen(self, document: Table) -> str | None:
         """The top-level ``metrics_listen``: ``HOST:PORT`` of the Prometheus endpoint."""
         value = self.optional(document, (), "metrics_listen")
         if value is not None:
@@ -184,7 +188,8 @@ class TomlReader:
     def limits(self, value: object) -> Limits:
         here: KeyPath = ("limits",)
         table = self.table(value, here, (*_LIMIT_SECONDS, *_LIMIT_COUNTS))
-        fields: dict[str, Any] = {}
+        fields: dict[str, Any] = {}  # Limits' keyword arguments: Any, as mypy cannot tie the
+        # table's keys (each checked against Limits' fields) to their types
         for key, item in table.items():
             if key in _LIMIT_SECONDS:
                 fields[key] = self.seconds(item, (*here, key))
@@ -194,12 +199,12 @@ class TomlReader:
 
     # -- keys and values ------------------------------------------------------------------
 
-    def keys(self, table: dict[str, Any], path: KeyPath, known: tuple[str, ...]) -> None:
+    def keys(self, table: Table, path: KeyPath, known: tuple[str, ...]) -> None:
         for key in table:
             if key not in known:
                 self.fail((*path, key), f"unknown key (known here: {', '.join(known)})")
 
-    def table(self, value: object, path: KeyPath, known: tuple[str, ...] | None) -> dict[str, Any]:
+    def table(self, value: object, path: KeyPath, known: tuple[str, ...] | None) -> Table:
         """``value`` as a table of ``known`` keys (None: any key, e.g. user names)."""
         if not isinstance(value, dict):
             self.fail(path, f"expected a table, got {type_name(value)}")
@@ -207,7 +212,7 @@ class TomlReader:
             self.keys(value, path, known)
         return value
 
-    def optional(self, table: dict[str, Any], path: KeyPath, key: str) -> str | None:
+    def optional(self, table: Table, path: KeyPath, key: str) -> str | None:
         """A non-empty string, or None when absent."""
         if key not in table:
             return None
@@ -218,7 +223,7 @@ class TomlReader:
             self.fail((*path, key), "empty")
         return value
 
-    def required(self, table: dict[str, Any], path: KeyPath, key: str) -> str:
+    def required(self, table: Table, path: KeyPath, key: str) -> str:
         value = self.optional(table, path, key)
         if value is None:
             self.fail((*path, key), "missing (required)")
@@ -251,7 +256,7 @@ class TomlReader:
         return value
 
     def password(
-        self, table: dict[str, Any], path: KeyPath, key: str, *, needed_by: str | None = None
+        self, table: Table, path: KeyPath, key: str, *, needed_by: str | None = None
     ) -> str:
         """The password in the environment variable that ``table[key]`` names."""
         if needed_by is not None and key not in table:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 import attrs
 
 from pairlink._io.limits import Limits
-from pairlink._io.toml_config import TlsFiles, TomlReader, read_config_text, type_name
+from pairlink._io.toml_config import Table, TlsFiles, TomlReader, read_config_text, type_name
 from pairlink._io.toml_lines import KeyPath
 from pairlink.errors import ConfigError
 
@@ -87,6 +87,18 @@ def parse_serve_config(
     return reader.config(reader.parse(text))
 
 
+class _Overrides(TypedDict, total=False):
+    """The settings of a ``[[service]]`` table that ``ServiceEntry`` takes as keywords."""
+
+    max_concurrency: int
+    mailbox: int
+    dedup_window: float
+    dedup_size: int
+
+
+_CALL_COUNTS: tuple[Literal["max_concurrency", "mailbox"], ...] = ("max_concurrency", "mailbox")
+
+
 class _Reader(TomlReader):
     """The serve document, with the shared checks of :class:`TomlReader`."""
 
@@ -96,7 +108,7 @@ class _Reader(TomlReader):
         super().__init__(text, source, environ, base)
         self.text_lines = text.splitlines()
 
-    def config(self, document: dict[str, Any]) -> ServeConfig:
+    def config(self, document: Table) -> ServeConfig:
         self.keys(document, (), _TOP_KEYS)
         listen = self.listen(document)
         users = None
@@ -110,7 +122,7 @@ class _Reader(TomlReader):
         # no listen here: a [tls] is for the command line's --listen amqps://
         tls = self.tls(document, ("listen",), bool(secure) or ("tls" in document and not listen))
         self.certificates_verified(certificate_users, tls)
-        log: dict[str, Any] = {}
+        log: dict[str, str | None] = {}  # log_level, log_format
         if "log" in document:
             table = self.table(document["log"], ("log",), _LOG_KEYS)
             for key, known in (("level", LOG_LEVELS), ("format", LOG_FORMATS)):
@@ -134,7 +146,7 @@ class _Reader(TomlReader):
             **log,
         )
 
-    def listen(self, document: dict[str, Any]) -> tuple[str, ...]:
+    def listen(self, document: Table) -> tuple[str, ...]:
         """One URL, or an array of them (one listener each)."""
         if "listen" not in document:
             return ()
@@ -154,7 +166,7 @@ class _Reader(TomlReader):
             self.url(url, path)
         return tuple(value)
 
-    def locate_elements(self, urls: list[Any]) -> None:
+    def locate_elements(self, urls: list[object]) -> None:
         """Record the line of each of ``listen``'s URLs (``("listen", index)``): an array may
         span lines, one URL each, and a mistake is named where it is written."""
         number = self.lines.line(("listen",))
@@ -166,7 +178,7 @@ class _Reader(TomlReader):
                     break
             self.lines.lines[("listen", index)] = number
 
-    def services(self, document: dict[str, Any]) -> tuple[ServiceEntry, ...]:
+    def services(self, document: Table) -> tuple[ServiceEntry, ...]:
         tables = document.get("service", [])
         if not isinstance(tables, list):
             self.fail(("service",), f"{type_name(tables)}, not [[service]] tables")
@@ -174,11 +186,10 @@ class _Reader(TomlReader):
         for index, table in enumerate(tables):
             here: KeyPath = ("service", index)
             entry = self.table(table, here, _SERVICE_KEYS)
-            overrides: dict[str, Any] = {
-                key: self.count(entry[key], (*here, key), "calls")
-                for key in ("max_concurrency", "mailbox")
-                if key in entry
-            }
+            overrides: _Overrides = {}
+            for key in _CALL_COUNTS:
+                if key in entry:
+                    overrides[key] = self.count(entry[key], (*here, key), "calls")
             if "dedup_window" in entry:
                 window = self.seconds(entry["dedup_window"], (*here, "dedup_window"))
                 overrides["dedup_window"] = window

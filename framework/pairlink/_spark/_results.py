@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import reprlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 
@@ -20,6 +20,10 @@ from pairlink._spark._task import OnError
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+ArrowArray: TypeAlias = "pa.Array[Any]"
+"""A result column's Arrow array: its scalar type is the column's, known only at run time
+(the stubs' ``Array[Scalar[DataType]]`` would refuse ``to_pylist`` and the like)."""
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 60
@@ -39,7 +43,7 @@ class Column:
     arrow: pa.DataType
 
 
-def result_fields(value: Any, names: Sequence[str]) -> Sequence[Any] | None:
+def result_fields(value: object, names: Sequence[str]) -> Sequence[object] | None:
     """A reply as the values of the result columns, in order: a dict by name (every column
     must be there; an explicit None is a null), a list or tuple by position, a plain value for
     a one-column schema. A None reply is a row of nulls."""
@@ -69,18 +73,18 @@ def result_fields(value: Any, names: Sequence[str]) -> Sequence[Any] | None:
 
 def result_arrays(
     columns: Sequence[Column],
-    replies: Sequence[Any],
+    replies: Sequence[object],
     errors: list[str | None],
     row_name: Callable[[int], str],
     on_error: OnError,
-) -> list[pa.Array[Any]]:
+) -> list[ArrowArray]:
     """The result columns of a chunk's rows (``replies[i]`` is unused where ``errors[i]`` is
     set). A row whose reply does not fit raises ``ValueError`` (``on_error="raise"``: the first
     such row) or gets the reason in ``errors`` and nulls in every result column ("column").
     ``row_name(i)`` names row ``i`` in messages; it is only called for a row that failed."""
     names = [column.name for column in columns]
     problems: dict[int, str] = {}
-    fields: list[Sequence[Any] | None] = []
+    fields: list[Sequence[object] | None] = []
     for index, reply in enumerate(replies):
         try:
             fields.append(None if errors[index] is not None else result_fields(reply, names))
@@ -109,7 +113,7 @@ def result_arrays(
     ]
 
 
-def _find_misfits(column: Column, values: list[Any], problems: dict[int, str]) -> bool:
+def _find_misfits(column: Column, values: list[object], problems: dict[int, str]) -> bool:
     """Which values of a column that failed as a whole do not fit, and why (Arrow's words;
     a row keeps its first problem); whether there were any."""
     found = False
@@ -128,7 +132,7 @@ def _find_misfits(column: Column, values: list[Any], problems: dict[int, str]) -
     return found
 
 
-def _array(values: list[Any], arrow_type: pa.DataType) -> pa.Array[Any]:
+def _array(values: list[object], arrow_type: pa.DataType) -> ArrowArray:
     import pyarrow as pa
 
     if _holds_integers(arrow_type):
@@ -149,7 +153,9 @@ def _holds_integers(arrow_type: pa.DataType) -> bool:
     )
 
 
-def _floats_in_integers(value: Any, arrow_type: pa.DataType) -> Iterator[tuple[float, Any]]:
+def _floats_in_integers(
+    value: object, arrow_type: pa.DataType
+) -> Iterator[tuple[float, pa.DataType]]:
     """The floats of ``value`` that Arrow would put in an integer slot of ``arrow_type``
     (an int column, or one inside an array, map or struct), with that slot's type."""
     import pyarrow as pa

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Callable, Generator
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Callable, Generator, Sequence
+from typing import Generic, Literal, TypeVar
 
 import attrs
 import trio
@@ -63,9 +63,9 @@ class Chunk(Generic[P]):
     ``errors[i]`` (None if it succeeded)."""
 
     payload: P
-    args: list[tuple[Any, ...]]
+    args: list[tuple[object, ...]]  # each row's call arguments
     ids: list[str] | None  # the message-ids from the rows' keys, None: numbered per task
-    values: list[Any] = attrs.field(init=False)
+    values: list[object] = attrs.field(init=False)  # each row's call result
     errors: list[str | None] = attrs.field(init=False)
     left: int = attrs.field(init=False)
     done: trio.Event = attrs.field(init=False, factory=trio.Event)
@@ -179,7 +179,7 @@ class _Calls(Generic[P]):
         if chunk.left == 0:
             chunk.done.set()
 
-    async def _call(self, client: Client, args: tuple[Any, ...], message_id: str) -> Any:
+    async def _call(self, client: Client, args: tuple[object, ...], message_id: str) -> object:
         """One row's call; after a lost connection, the same call again (same message-id)
         on the client's next connection, until the row's ``timeout`` has passed."""
         plan = self.plan
@@ -222,7 +222,7 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chu
     thread.join()  # raises the task's failure
 
 
-def message_ids(run_id: str, keys: list[Any], column: str) -> list[str]:
+def message_ids(run_id: str, keys: Sequence[object], column: str) -> list[str]:
     """The message-id of each row: ``<run_id>:<key>``, stable across task retries. Keys must
     be unique: a repeated key would get the first row's reply (checked within a chunk)."""
     if any(key is None for key in keys):

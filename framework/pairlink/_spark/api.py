@@ -13,7 +13,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from pairlink._spark.progress import Progress
+
+_Row = TypeVar("_Row")  # an element of the caller's RDD
 
 ERROR_COLUMN = "_error"
 RDD_CHUNK = 1000
@@ -141,20 +143,20 @@ def call_service(
 
 
 def call_partitions(
-    rdd: RDD[Any],
+    rdd: RDD[_Row],
     *,
     url: str,
     address: str,
     operation: str,
-    args: Callable[[Any], Sequence[Any]] | None = None,
-    key: Callable[[Any], Any] | None = None,
+    args: Callable[[_Row], Sequence[object]] | None = None,
+    key: Callable[[_Row], object] | None = None,
     in_flight: int = 200,
     timeout: float = 30.0,
     on_error: OnError = "raise",
     run_id: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 10.0,
-) -> RDD[Any]:
+) -> RDD[tuple[object, ...]]:
     """The RDD form of :func:`call_service`: ``(row, reply)`` for every row, in order
     (``(row, reply, error)`` with ``on_error="column"``). ``args(row)`` gives the call's
     positional arguments (default: the row itself if it is a tuple or list, else the row as
@@ -274,13 +276,13 @@ def _row_name(key: str | None, batch: pa.RecordBatch, rows_before: int, index: i
 
 def _map_rows(
     plan: Plan,
-    args: Callable[[Any], Sequence[Any]] | None,
-    key: Callable[[Any], Any] | None,
-    rows: Iterable[Any],
-) -> Iterator[tuple[Any, ...]]:
+    args: Callable[[_Row], Sequence[object]] | None,
+    key: Callable[[_Row], object] | None,
+    rows: Iterable[_Row],
+) -> Iterator[tuple[object, ...]]:
     source = iter(rows)
 
-    def read() -> Chunk[list[Any]] | None:
+    def read() -> Chunk[list[_Row]] | None:
         chunk = list(itertools.islice(source, RDD_CHUNK))
         if not chunk:
             return None

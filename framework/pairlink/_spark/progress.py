@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
 from pairlink._server.service import handler, service
 from pairlink._spark._reporter import ADDRESS
@@ -176,7 +176,7 @@ class Progress:
             raise
         return self
 
-    def __exit__(self, *_exc: Any) -> None:
+    def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
