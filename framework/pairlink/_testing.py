@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Unpack
 
-from pairlink._client.client import Client, connect
-from pairlink._server.serving import Server, open_server
+from pairlink._client.client import Client, ConnectOptionsExceptConnector, connect
+from pairlink._server.serving import ServeOptions, Server, open_server
 
 
 @asynccontextmanager
-async def connect_in_memory(server: Server, **options: Any) -> AsyncIterator[Client]:
+async def connect_in_memory(
+    server: Server, **options: Unpack[ConnectOptionsExceptConnector]
+) -> AsyncIterator[Client]:
     """A client of ``server`` over in-memory streams, a new pair per connection, whether the
     server listens on a socket or not. ``options``: those of :func:`pairlink.connect`."""
     assert server.listener is not None, "the server is not listening yet"
@@ -21,7 +23,9 @@ async def connect_in_memory(server: Server, **options: Any) -> AsyncIterator[Cli
 
 @asynccontextmanager
 async def serve_in_memory(
-    *services: object, client: dict[str, Any] | None = None, **options: Any
+    *services: object,
+    client: ConnectOptionsExceptConnector | None = None,
+    **options: Unpack[ServeOptions],
 ) -> AsyncIterator[Client]:
     """Serve ``services`` with no socket for the duration of the block, and yield a client
     connected to them in memory: ``async with serve_in_memory(Calculator) as client``.

@@ -120,7 +120,8 @@ def test_limits_are_read_and_default_to_the_documented_constants() -> None:
     assert parse(MINIMAL, {}).limits == Limits()
     options = limits.listen_options()
     assert options["max_connections"] == 50 and options["handle_max"] == 31
-    assert options["login_throttle"].penalty == 0.5
+    throttle = options["login_throttle"]
+    assert throttle is not None and throttle.penalty == 0.5
 
 
 @pytest.mark.parametrize(

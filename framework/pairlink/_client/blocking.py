@@ -18,13 +18,13 @@ import os
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import trio
 
 from pairlink._amqp.messaging import BodyKind
 from pairlink._client import client as aio
-from pairlink._client.reply import Reply
+from pairlink._client.reply import MessageId, Reply
 from pairlink._io.logs import get_logger
 from pairlink._io.threads import TrioThread, start_trio_thread
 from pairlink._rpc.payload import Encoding
@@ -73,7 +73,7 @@ def _current_portal() -> _Portal:
 class Client:
     """A blocking client: ``call``, ``service`` proxies and ``close``, as the async one."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str, **options: Unpack[aio.ConnectOptions]) -> None:
         self.url = url
         self._options = options
         self._pid = -1
@@ -158,14 +158,14 @@ class Client:
     def request(
         self,
         address: str,
-        body: Any = None,
+        body: object = None,
         *,
         body_kind: BodyKind = "value",
         subject: str | None = None,
         to: str | None = None,
-        application_properties: Mapping[str, Any] | None = None,
-        message_id: Any = None,
-        correlation_id: Any = None,
+        application_properties: Mapping[str, object] | None = None,
+        message_id: MessageId | None = None,
+        correlation_id: MessageId | None = None,
         content_type: str | None = None,
         timeout: float | None = None,
     ) -> Reply:
@@ -261,7 +261,7 @@ class ServiceProxy:
         return f"<blocking ServiceProxy {self.address!r} on {self.client.url}>"
 
 
-def connect(url: str, **options: Any) -> Client:
+def connect(url: str, **options: Unpack[aio.ConnectOptions]) -> Client:
     """Connect now and return a blocking client; ``options`` as for ``pairlink.connect``.
     Use it as a context manager or call ``close()``."""
     return Client(url, **options)

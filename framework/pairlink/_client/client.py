@@ -28,18 +28,19 @@ import math
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import attrs
 import trio
 
 from pairlink._amqp.messaging import BodyKind
 from pairlink._client.pairs import CallConnection, CallPair
-from pairlink._client.reply import Reply, compose_request
+from pairlink._client.reply import MessageId, Reply, compose_request
 from pairlink._client.timeouts import Timeouts
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
+from pairlink._io.listener import EngineOptions
 from pairlink._io.logs import get_logger
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._rpc import deadline, wire
@@ -78,7 +79,7 @@ class Client:
         retry_delay: float,
         max_retry_delay: float,
         ssl_context: ssl.SSLContext | None,
-        config: dict[str, Any],
+        config: ConnectConfig,
         connector: net.Connector | None = None,
     ) -> None:
         if reply_credit < 2:
@@ -97,7 +98,7 @@ class Client:
         self._ssl_context = ssl_context
         self._connector = connector
         desired = [LINK_PAIR_V1_0, *config.pop("desired_capabilities", ())]
-        self._config = {**config, "desired_capabilities": desired}
+        self._config: ConnectConfig = {**config, "desired_capabilities": desired}
         self._nursery = nursery
         self._ids = itertools.count(1)
         self.clock = trio.lowlevel.current_clock()
@@ -308,14 +309,14 @@ class Client:
     async def request(
         self,
         address: str,
-        body: Any = None,
+        body: object = None,
         *,
         body_kind: BodyKind = "value",
         subject: str | None = None,
         to: str | None = None,
-        application_properties: Mapping[str, Any] | None = None,
-        message_id: Any = None,
-        correlation_id: Any = None,
+        application_properties: Mapping[str, object] | None = None,
+        message_id: MessageId | None = None,
+        correlation_id: MessageId | None = None,
         content_type: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - a deadline sent with the request
     ) -> Reply:
@@ -532,6 +533,48 @@ class ServiceProxy:
         return f"<ServiceProxy {self.address!r} on {self.client.url}>"
 
 
+class ConnectConfig(EngineOptions, total=False):
+    """``connect``'s ``**config``: the connection's settings, handed to
+    :func:`pairlink._io.net.connect` as given (defaults there and in ``client_config``)."""
+
+    container_id: str | None
+    idle_timeout: float | None
+    sasl: bool | str
+    max_outgoing_bytes: int
+
+
+class _ClientSettings(ConnectConfig, total=False):
+    """``connect``'s keywords but its stream (``connector``) and its timeouts: the part
+    of them every helper that connects for its caller passes on."""
+
+    settled: bool
+    reconnect: bool
+    encoding: Encoding | None
+    reply_credit: int
+    retry_delay: float
+    max_retry_delay: float
+    ssl_context: ssl.SSLContext | None
+
+
+class ConnectOptionsExceptTimeouts(_ClientSettings, total=False):
+    """``connect``'s keywords but ``timeout`` and ``connect_timeout``, for a helper that sets
+    both (``check_health``)."""
+
+    connector: net.Connector | None
+
+
+class ConnectOptionsExceptConnector(_ClientSettings, total=False):
+    """``connect``'s keywords but ``connector``, for a helper that gives the stream itself
+    (the in-memory client of :mod:`pairlink.testing`)."""
+
+    timeout: float | None
+    connect_timeout: float
+
+
+class ConnectOptions(ConnectOptionsExceptTimeouts, ConnectOptionsExceptConnector, total=False):
+    """Every keyword of ``connect``: what the blocking client takes."""
+
+
 @asynccontextmanager
 async def connect(
     url: str,
@@ -546,7 +589,7 @@ async def connect(
     max_retry_delay: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
     connector: net.Connector | None = None,
-    **config: Any,
+    **config: Unpack[ConnectConfig],
 ) -> AsyncIterator[Client]:
     """Connect to the container at ``amqp[s]://[user:password@]host[:port]``.
 
@@ -564,8 +607,8 @@ async def connect(
     ``reply_credit``: replies the service may send before we grant more. ``connector``: opens
     each connection's stream instead of TCP to the URL (``pairlink.testing`` connects over
     in-memory streams with it; the URL still names the host for SASL). ``config``: engine
-    settings (``container_id``, ``idle_timeout``, ``sasl``). Raises at once if the first
-    connection fails.
+    settings (:class:`ConnectConfig`: ``container_id``, ``idle_timeout``, ``sasl``...).
+    Raises at once if the first connection fails.
     """
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:

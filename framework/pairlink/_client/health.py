@@ -13,11 +13,11 @@ keeps ``$``-prefixed addresses for the nodes a container provides itself (``$man
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 import trio
 
-from pairlink._client.client import connect
+from pairlink._client.client import ConnectOptionsExceptTimeouts, connect
 from pairlink.errors import PairlinkError
 
 HEALTH = "$health"
@@ -33,7 +33,7 @@ async def check_health(
     service: str = "",
     *,
     timeout: float = 5.0,  # noqa: ASYNC109 - bounds the connection too, not only the call
-    **options: Any,
+    **options: Unpack[ConnectOptionsExceptTimeouts],
 ) -> str:
     """Ask the server (or gateway) at ``url`` for its health (``SERVING`` or ``DRAINING``),
     connecting and calling within ``timeout`` seconds; ``options`` go to
@@ -41,7 +41,7 @@ async def check_health(
 
     Raises ``TimeoutError``, ``OSError`` (refused, unreachable), or ``PairlinkError`` (the
     server refused the login or the call, or answered something that is not a status)."""
-    reply: Any = None
+    reply: object = None
     with trio.move_on_after(timeout) as scope:  # the handshake of a silent peer included
         async with connect(url, timeout=timeout, connect_timeout=timeout, **options) as client:
             reply = await client.call(HEALTH, CHECK, service)

@@ -23,6 +23,7 @@ from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.link import Delivery
 from pairlink._amqp.messaging import (
     Accepted,
+    DeliveryState,
     Error,
     Header,
     Message,
@@ -32,10 +33,12 @@ from pairlink._amqp.messaging import (
     Target,
 )
 from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
-from pairlink._client.reply import Reply
+from pairlink._amqp.types import Decoded
+from pairlink._client.reply import MessageId, Reply
 from pairlink._client.timeouts import Timeouts
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner, Sender, attach
+from pairlink._io.logs import Logger
 from pairlink._rpc import deadline, spans, tracing, wire
 from pairlink._rpc.linkpair import paired_mismatch, paired_properties
 from pairlink._rpc.payload import Encoding
@@ -69,7 +72,7 @@ class Call:
     quick: bool = False  # a call() (not a request()): its reply may be read that way
     scope: trio.CancelScope | None = None
     reply: Message | None = None
-    value: Any = None  # the reply's value, read without the message (``valued``)
+    value: Decoded = None  # the reply's value, read without the message (``valued``)
     valued: bool = False  # answered by ``wire.REPLY``: a call() that wants the value only
     error: PairlinkError | None = None
     line: Sender | None = None  # the sender whose line it waits in, not sent yet
@@ -108,7 +111,7 @@ class Call:
         self.reply = reply
         self._wake()
 
-    def answer_value(self, value: Any) -> None:
+    def answer_value(self, value: Decoded) -> None:
         self.value, self.valued = value, True
         self._wake()
 
@@ -144,7 +147,7 @@ class CallPair(LinkOwner):
         self.conn = conn
         self.address = address
         self.paired = paired
-        self.calls: dict[Any, Call] = {}
+        self.calls: dict[MessageId, Call] = {}
         self.ready = trio.Event()  # reply_to is known (at once on a pair)
         self.reply_to = wire.ME
         self.error: PairlinkError | None = None
@@ -255,8 +258,8 @@ class CallPair(LinkOwner):
     async def call(
         self,
         operation: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         deadline_at: float,
         encoding: Encoding | None,
         settled: bool,
@@ -288,10 +291,10 @@ class CallPair(LinkOwner):
 
     def _encode_call(
         self,
-        call_id: Any,
+        call_id: MessageId,
         operation: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         deadline_at: float,
         now: float,
         encoding: Encoding | None,
@@ -369,7 +372,7 @@ class CallPair(LinkOwner):
         none reached the service and each may go again, on a new pair."""
         return not self.granted and error.condition == conditions.TRANSFER_LIMIT_EXCEEDED
 
-    def _new_id(self, chosen: Any) -> Any:
+    def _new_id(self, chosen: MessageId | None) -> MessageId:
         """A request's message-id: the caller's, else the client's counter."""
         if chosen is None:
             return self.conn.client.next_id()
@@ -379,15 +382,15 @@ class CallPair(LinkOwner):
 
     async def exchange(
         self,
-        call_id: Any,
+        call_id: MessageId,
         payload: bytes,
         deadline_at: float,
         settled: bool,
         label: str,
-        alias: Any = None,
+        alias: MessageId | None = None,
         *,
         quick: bool = False,
-    ) -> tuple[Call, Any]:
+    ) -> tuple[Call, DeliveryState | None]:
         """Send one request and wait until ``deadline_at`` (Trio clock) for the reply whose
         correlation-id is ``call_id`` (or ``alias``, the request's own correlation-id).
 
@@ -402,7 +405,7 @@ class CallPair(LinkOwner):
         if alias is not None:
             calls[alias] = call
         presume, self.fresh = self.fresh, False
-        outcome = None
+        outcome: DeliveryState | None = None
         try:
             if settled:  # the usual case: only the reply is waited for, under Timeouts
                 if not self.sender.send_or_queue(call, presume_credit=presume, through=alone):
@@ -453,7 +456,7 @@ class CallPair(LinkOwner):
         if end.link.link_credit <= self.reply_credit // 2:
             end.conn.flow(end.link, self.reply_credit)
 
-    def _answer_quick(self, correlation_id: Any, value: Any) -> bool:
+    def _answer_quick(self, correlation_id: Decoded, value: Decoded) -> bool:
         """The usual reply, read by ``wire.REPLY``: answer its call with the value, if it
         is a call() whose caller still waits; False leaves it to the general path."""
         call = self.calls.get(correlation_id)
@@ -482,7 +485,7 @@ class CallPair(LinkOwner):
             if self.error is not None:
                 return
         props = message.properties
-        correlation_id = props.correlation_id if props is not None else None
+        correlation_id: Decoded = props.correlation_id if props is not None else None
         call = self.calls.pop(correlation_id, None)
         if call is not None and trio.current_time() >= call.deadline:
             call.expire()  # due, though Timeouts has not woken it yet: the deadline wins
@@ -515,7 +518,7 @@ class CallPair(LinkOwner):
                 end.detach(detach_with)
 
 
-def _result(call: Call, outcome: Any) -> Any:
+def _result(call: Call, outcome: DeliveryState | None) -> Any:
     """A call's value: its reply's, once the request's outcome says it was taken."""
     if outcome is not None:
         wire.raise_for_outcome(outcome)
@@ -532,7 +535,7 @@ class CallConnection:
     client: Calls
     amqp: AmqpConnection
     paired: bool
-    log: Any
+    log: Logger
     pairs: dict[str, CallPair] = attrs.field(factory=dict)
     encoding: Encoding = Encoding.AMQP_VALUE
     """The request body its peer reads (``wire.peer_encoding``), for calls that name none."""

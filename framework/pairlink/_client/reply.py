@@ -9,14 +9,19 @@ reply with the request's delivery outcome, nothing interpreted.
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeAlias
 
 import attrs
 
-from pairlink._amqp.messaging import BodyKind, Message, Outcome, Properties
-from pairlink._amqp.types import Symbol
+from pairlink._amqp.messaging import BodyKind, DeliveryState, Message, Properties
+from pairlink._amqp.types import Decoded, Symbol
 from pairlink._rpc import wire
+
+MessageId: TypeAlias = int | uuid.UUID | bytes | str
+"""The message-id or correlation-id of a request we send: what AMQP allows there, a ulong (a
+plain ``int`` goes out as one), a uuid, binary or a string."""
 
 
 @attrs.frozen
@@ -24,20 +29,21 @@ class Reply:
     """The answer to a request: the reply ``message`` and the request's delivery ``outcome``.
 
     ``outcome`` is what the service settled an unsettled request with (``Accepted``,
-    ``Rejected`` with its error, ``Released``, ``Modified``), or None when the request went
-    pre-settled. A request the service did not accept gets no reply: ``message`` is then
-    None, and so are the conveniences below.
+    ``Rejected`` with its error, ``Released``, ``Modified``; ``Received`` from a peer that
+    reported only how far it got), or None when the request went pre-settled. A request the
+    service did not accept gets no reply: ``message`` is then None, and so are the
+    conveniences below.
     """
 
     message: Message | None
-    outcome: Outcome | None = None
+    outcome: DeliveryState | None = None
 
     @property
     def properties(self) -> Properties | None:
         return None if self.message is None else self.message.properties
 
     @property
-    def application_properties(self) -> dict[Any, Any]:
+    def application_properties(self) -> dict[Decoded, Decoded]:
         """The reply's application-properties ({} when it has none)."""
         if self.message is None or self.message.application_properties is None:
             return {}
@@ -49,7 +55,7 @@ class Reply:
         return None if props is None else props.subject
 
     @property
-    def body(self) -> Any:
+    def body(self) -> Decoded:
         """The body as it came: an amqp-value's value, the bytes of a data section (a list of
         them for several), or a list of amqp-sequence sections (each a list)."""
         return None if self.message is None else self.message.body
@@ -69,14 +75,14 @@ class Reply:
 
 
 def compose_request(
-    body: Any,
+    body: object,
     *,
     body_kind: BodyKind,
     subject: str | None,
     to: str | None,
-    application_properties: Mapping[str, Any] | None,
-    message_id: Any,
-    correlation_id: Any,
+    application_properties: Mapping[str, object] | None,
+    message_id: MessageId | None,
+    correlation_id: MessageId | None,
     content_type: str | None,
 ) -> Message:
     """The request ``Client.request`` sends: ``body`` in a new message, or a copy of ``body``

@@ -10,8 +10,6 @@ by the credit of its request link.
 
 from __future__ import annotations
 
-from typing import Any
-
 from pairlink._amqp.errors import DECODE_ERROR
 from pairlink._amqp.link import Delivery, Link
 from pairlink._amqp.messaging import Accepted, Error, Message, Rejected
@@ -102,7 +100,7 @@ class HealthPair(LinkOwner):
     def _check(self, request: wire.Request) -> dict[str, str]:
         if request.operation != CHECK:
             raise CallError(NOT_FOUND, f"the health node has no operation {request.operation!r}")
-        service: Any = request.kwargs.get("service", request.args[0] if request.args else "")
+        service: object = request.kwargs.get("service", request.args[0] if request.args else "")
         if not isinstance(service, str) or len(request.args) + len(request.kwargs) > 1:
             raise CallError(wire.BAD_REQUEST, "check takes one optional route name")
         if service:

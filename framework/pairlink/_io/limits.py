@@ -7,8 +7,6 @@ gathers them so that a service (``open_server(limits=...)``) or a gateway (its c
 
 from __future__ import annotations
 
-from typing import Any
-
 import attrs
 
 from pairlink._amqp.codec import MAX_ELEMENTS
@@ -16,8 +14,18 @@ from pairlink._amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
 from pairlink._amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from pairlink._amqp.session import HANDLE_MAX
 from pairlink._io.connection import MAX_OUTGOING_BYTES
-from pairlink._io.listener import HANDSHAKE_TIMEOUT
+from pairlink._io.listener import HANDSHAKE_TIMEOUT, EngineLimits
 from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
+
+
+class ListenLimits(EngineLimits, total=False):
+    """The keywords of :func:`pairlink._io.listener.listen` that :meth:`Limits.listen_options`
+    gives."""
+
+    handshake_timeout: float
+    max_connections: int | None
+    max_outgoing_bytes: int
+    login_throttle: LoginThrottle | None
 
 
 @attrs.frozen(kw_only=True)
@@ -45,7 +53,7 @@ class Limits:
     handle_max: int = HANDLE_MAX
     max_links: int = MAX_LINKS
 
-    def engine_options(self) -> dict[str, Any]:
+    def engine_options(self) -> EngineLimits:
         """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""
         return {
             "max_message_size": self.max_message_size,
@@ -56,7 +64,7 @@ class Limits:
             "max_links": self.max_links,
         }
 
-    def listen_options(self) -> dict[str, Any]:
+    def listen_options(self) -> ListenLimits:
         """Keyword arguments for :func:`pairlink._io.listener.listen`."""
         return {
             "handshake_timeout": self.handshake_timeout,

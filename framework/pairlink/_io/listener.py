@@ -24,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypedDict, TypeVar, Unpack
 
 import attrs
 import trio
@@ -33,6 +33,7 @@ import trio.testing
 from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.link import Link
 from pairlink._amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
+from pairlink._amqp.types import Fields
 from pairlink._io.connection import MAX_OUTGOING_BYTES, AmqpConnection
 from pairlink._io.login_throttle import LoginThrottle
 from pairlink._io.logs import get_logger
@@ -63,6 +64,31 @@ class ConnectionHandler(Protocol):
 
 
 H = TypeVar("H", bound=ConnectionHandler)
+
+
+class EngineLimits(TypedDict, total=False):
+    """The engine's bounds (``ConnectionConfig`` fields, defaults there): what
+    :meth:`pairlink._io.limits.Limits.engine_options` gives, for ``listen`` and ``connect``."""
+
+    max_message_size: int
+    max_incomplete_bytes: int
+    max_unsettled: int
+    max_decoded_elements: int
+    handle_max: int
+    max_links: int
+
+
+class EngineOptions(EngineLimits, total=False):
+    """The ``ConnectionConfig`` fields that ``listen`` (its ``**config``) and the client's
+    ``connect`` hand to the engine as given; the container id, idle timeout and SASL are
+    keywords of each, with defaults of its own."""
+
+    max_frame_size: int
+    channel_max: int
+    desired_capabilities: Sequence[str]
+    properties: Fields | None
+    session_window: int
+    min_peer_idle_timeout: float
 
 
 @attrs.define
@@ -147,7 +173,7 @@ async def listen(
     login_throttle: LoginThrottle | None = None,
     certificate_users: Collection[str] | None = None,
     reuse_port: bool = False,
-    **config: Any,
+    **config: Unpack[EngineOptions],
 ) -> AsyncIterator[Listener[H]]:
     """Accept AMQP connections on ``amqp[s]://host:port`` (port 0 picks a free one); with
     no ``url``, only those made by :meth:`Listener.open_stream` (or given to
@@ -175,6 +201,7 @@ async def listen(
 
     ``reuse_port`` binds with ``SO_REUSEPORT`` (:func:`bind_reuse_port`): processes that
     listen on the same port so share its connections (``pairlink serve --workers``).
+    ``config``: the engine's settings (:class:`EngineOptions`).
     """
     parsed = None if url is None else AmqpUrl.parse(url)
     if parsed is not None and parsed.tls and ssl_context is None:
@@ -341,7 +368,15 @@ def default_max_connections() -> int:
     return max(16, soft * 3 // 4)
 
 
-def _certificate_identity(cert: Any) -> str | None:
+class _PeerCert(TypedDict, total=False):
+    """What :func:`_certificate_identity` reads of ``SSLSocket.getpeercert()`` (the ssl
+    module's documented shape; trio forwards the call untyped)."""
+
+    subject: tuple[tuple[tuple[str, str], ...], ...]
+    subjectAltName: tuple[tuple[str, str], ...]
+
+
+def _certificate_identity(cert: _PeerCert | None) -> str | None:
     """The SASL EXTERNAL identity of a verified client certificate: its commonName, else its
     first subjectAltName."""
     cert = cert or {}

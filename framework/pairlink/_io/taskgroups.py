@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import TracebackType
 
 
 class BodyError:
@@ -15,7 +15,12 @@ class BodyError:
     async def __aenter__(self) -> None:
         return None
 
-    async def __aexit__(self, _type: Any, value: BaseException | None, _tb: Any) -> None:
+    async def __aexit__(
+        self,
+        _type: type[BaseException] | None,
+        value: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
         self.error = value
 
 

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar, TypeVarTuple, overload
+from typing import Generic, Protocol, TypeVar, TypeVarTuple, cast, overload
 
 import trio
 
@@ -101,7 +101,7 @@ class TrioThread(Generic[T]):
             self.join()  # raises the start-up failure
             raise RuntimeError(f"{self.name}: the function returned without calling started")
 
-    def _set_started(self, value: Any) -> None:
+    def _set_started(self, value: T) -> None:
         if self._started:
             raise RuntimeError("called 'started' twice on the same task status")
         self.value = value
@@ -122,7 +122,8 @@ class _Status(trio.TaskStatus[T]):
     def started(self, value: T) -> None: ...
 
     def started(self, value: T | None = None) -> None:
-        self._host._set_started(value)
+        # the default None comes only from a _Status[None]'s started() (the first overload)
+        self._host._set_started(cast(T, value))
 
 
 def start_trio_thread(fn: Startable[T], *, name: str) -> TrioThread[T]:

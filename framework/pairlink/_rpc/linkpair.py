@@ -8,32 +8,31 @@ said and act on the verdict.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import attrs
 
 from pairlink._amqp.errors import NOT_FOUND, NOT_IMPLEMENTED, PRECONDITION_FAILED
 from pairlink._amqp.messaging import Source, Target
 from pairlink._amqp.performatives import Attach
-from pairlink._amqp.types import Symbol
+from pairlink._amqp.types import Fields, Symbol
 
 LINK_PAIR_V1_0 = Symbol("LINK_PAIR_V1_0")
 """The connection capability (LP-1 offers it, LP-2 desires it)."""
 PAIRED = Symbol("paired")
 
 
-def paired_properties() -> dict[Symbol, Any]:
+def paired_properties() -> Fields:
     """The attach properties of either half of a pair (LP-4)."""
     return {PAIRED: True}
 
 
-def offers_pairing(offered_capabilities: Iterable[Any] | None) -> bool:
+def offers_pairing(offered_capabilities: Iterable[object] | None) -> bool:
     """LP-2: a pair may be initiated only when the peer's open offered the capability."""
     return any(str(c) == LINK_PAIR_V1_0 for c in offered_capabilities or ())
 
 
-def is_paired(properties: Mapping[Any, Any] | None) -> bool:
+def is_paired(properties: Fields | None) -> bool:
     """LP-4: only the boolean ``true`` under ``paired`` means paired; anything else does not."""
     if not properties:
         return False
@@ -41,7 +40,7 @@ def is_paired(properties: Mapping[Any, Any] | None) -> bool:
     return value is True
 
 
-def paired_mismatch(ours: Mapping[Any, Any] | None, theirs: Mapping[Any, Any] | None) -> bool:
+def paired_mismatch(ours: Fields | None, theirs: Fields | None) -> bool:
     """LP-5: the two attach frames of one link disagree about ``paired``."""
     return is_paired(ours) != is_paired(theirs)
 

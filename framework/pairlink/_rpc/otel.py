@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import Token
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import (
     NonRecordingSpan,
     ProxyTracerProvider,
@@ -59,7 +59,7 @@ class ServerSpan:
     __slots__ = ("_token", "_trace", "span", "trace")
 
     def __init__(
-        self, tracer: Tracer, service: str, operation: str, properties: Mapping[Any, Any]
+        self, tracer: Tracer, service: str, operation: str, properties: Mapping[str, object]
     ) -> None:
         carrier = {str(k): v for k, v in properties.items() if isinstance(v, str)}
         self.span: Span = tracer.start_span(
@@ -77,7 +77,7 @@ class ServerSpan:
         )
 
     def __enter__(self) -> None:
-        self._token: Token[Any] = otel_context.attach(trace.set_span_in_context(self.span))
+        self._token: Token[Context] = otel_context.attach(trace.set_span_in_context(self.span))
         self._trace = tracing.use_trace(self.trace)
         self._trace.__enter__()
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 import enum
 import json
 import threading
-from typing import Any
+from collections.abc import Sized
+from typing import TypeVar
 
 import msgpack
 
 from pairlink._amqp.codec import MAX_ELEMENTS
 from pairlink._amqp.messaging import BodyKind, Message, Properties
-from pairlink._amqp.types import Symbol
+from pairlink._amqp.types import Decoded, Symbol
 from pairlink.errors import PayloadError
 
 MSGPACK = "application/msgpack"
@@ -56,7 +57,7 @@ packing of a call's usual value. A packer clears its buffer after a value and af
 so one per thread (an event loop's, each handler thread's) packs every value."""
 
 
-def _msgpack_dumps(value: Any) -> bytes:
+def _msgpack_dumps(value: object) -> bytes:
     try:
         packer = _packers.packer
     except AttributeError:
@@ -71,7 +72,10 @@ def _too_many(max_elements: int) -> PayloadError:
     return PayloadError(f"body holds more than {max_elements} values")
 
 
-def msgpack_loads(data: bytes, max_elements: int) -> Any:
+_Container = TypeVar("_Container", bound=Sized)
+
+
+def msgpack_loads(data: bytes, max_elements: int) -> Decoded:
     """Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
     more: it decodes as is. A longer one counts the items of each array and map as they are
     built (each container no larger than the bound, so none is built past it)."""
@@ -81,7 +85,7 @@ def msgpack_loads(data: bytes, max_elements: int) -> Any:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
         left = [max_elements]
 
-        def count(container: Any) -> Any:
+        def count(container: _Container) -> _Container:
             left[0] -= len(container) * (2 if type(container) is dict else 1)
             if left[0] < 0:
                 raise _too_many(max_elements)
@@ -104,7 +108,7 @@ def msgpack_loads(data: bytes, max_elements: int) -> Any:
         raise PayloadError(f"body is not msgpack: {exc}") from exc
 
 
-def _json_loads(data: bytes, max_elements: int) -> Any:
+def _json_loads(data: bytes, max_elements: int) -> Decoded:
     """JSON values after the first each follow a comma or an opening bracket: counting those
     bytes (at memchr speed, strings included, so it errs on the safe side) bounds the values."""
     if len(data) > max_elements:
@@ -139,7 +143,7 @@ def _data_bytes(message: Message) -> bytes:
     raise PayloadError(f"expected a data body, got {message.body_kind}")
 
 
-def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[Any, Encoding]:
+def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[Decoded, Encoding]:
     """The value a message's body carries, and the encoding it came in; ``PayloadError`` for a
     body that is not what it claims or holds more than ``max_elements`` values. An AMQP body
     comes back as plain Python values (:func:`plain`)."""
@@ -159,7 +163,7 @@ def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[An
 _AS_IS = frozenset((int, float, str, bytes, bool, type(None)))
 
 
-def plain(value: Any) -> Any:
+def plain(value: Decoded) -> Decoded:
     """``value`` as the plain Python value the AMQP wrappers stand for: every integer width an
     ``int``, ``float`` a ``float``, symbols and chars ``str``, arrays and lists ``list``, maps
     ``dict`` (keys too). What a caller or handler gets from another stack (rhea answers
@@ -182,7 +186,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str, Any]]:
+def split_arguments(value: Decoded, encoding: Encoding) -> tuple[list[Decoded], dict[str, Decoded]]:
     """Call arguments from a request value: a list is positional arguments, a map keyword
     arguments, anything else one positional argument; our envelope says both apart."""
     if encoding is Encoding.ENVELOPE:
@@ -210,8 +214,8 @@ def split_arguments(value: Any, encoding: Encoding) -> tuple[list[Any], dict[str
 
 
 def arguments_value(
-    args: tuple[Any, ...] | list[Any], kwargs: dict[str, Any], encoding: Encoding
-) -> Any:
+    args: tuple[object, ...] | list[object], kwargs: dict[str, object], encoding: Encoding
+) -> object:
     """The request value that carries ``args`` and ``kwargs`` in ``encoding``: what
     :func:`split_arguments` reads back as the same arguments.
 
@@ -242,7 +246,7 @@ def arguments_value(
 _CONTENT_TYPES = {e: Symbol(e.value) for e in Encoding}
 
 
-def set_body(message: Message, value: Any, encoding: Encoding) -> None:
+def set_body(message: Message, value: object, encoding: Encoding) -> None:
     """Put ``value`` in ``message`` in ``encoding``, with the matching content-type."""
     message.body, message.body_kind, content_type = encoded_body(value, encoding)
     if content_type is not None:
@@ -251,7 +255,7 @@ def set_body(message: Message, value: Any, encoding: Encoding) -> None:
         message.properties.content_type = content_type
 
 
-def encoded_body(value: Any, encoding: Encoding) -> tuple[Any, BodyKind, Symbol | None]:
+def encoded_body(value: object, encoding: Encoding) -> tuple[object, BodyKind, Symbol | None]:
     """What ``value`` becomes in ``encoding``: the body, its kind and its content-type (none
     for an amqp-value)."""
     if encoding is Encoding.AMQP_VALUE:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pairlink._rpc.tracing import TraceScope, continued, use_trace
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def server_scope(
-    tracer: Tracer | None, service: str, operation: str, properties: Mapping[Any, Any] | None
+    tracer: Tracer | None, service: str, operation: str, properties: Mapping[str, object] | None
 ) -> TraceScope | None:
     """The trace a served call runs in: an OpenTelemetry SERVER span when there is a
     ``tracer`` (whose parent the request's headers give), else the caller's trace continued

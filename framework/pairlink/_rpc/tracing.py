@@ -17,7 +17,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from contextvars import ContextVar, Token
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 
@@ -89,7 +89,7 @@ def parse_traceparent(value: object, state: object = None) -> TraceContext | Non
     return TraceContext(trace_id, span_id, int(flags, 16), state)
 
 
-def continued(properties: Mapping[Any, Any]) -> TraceContext | None:
+def continued(properties: Mapping[str, object]) -> TraceContext | None:
     """The server's span for a request that carries a valid ``traceparent``, else None."""
     caller = parse_traceparent(properties.get(TRACEPARENT), properties.get(TRACESTATE))
     return None if caller is None else caller.child()

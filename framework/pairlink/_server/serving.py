@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Unpack
 
 import attrs
 import trio
@@ -19,8 +19,8 @@ from pairlink._client.client import Client, ServiceProxy
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.limits import Limits
-from pairlink._io.listener import Listener
+from pairlink._io.limits import Limits, ListenLimits
+from pairlink._io.listener import EngineOptions, Listener
 from pairlink._io.listener import listen as listen_amqp
 from pairlink._io.net import AmqpUrl, Connector
 from pairlink._io.taskgroups import lone_errors_unwrapped
@@ -68,7 +68,7 @@ class Server:
         grace: float,
         container_id: str | None,
         call_url: str | None,
-        listen_options: dict[str, Any],
+        listen_options: ListenOptions,
         metrics_listen: str | None = None,
         middleware: Sequence[Middleware] = (),
     ) -> None:
@@ -275,6 +275,29 @@ class Server:
             await self._client_done.wait()
 
 
+class ListenOptions(ListenLimits, EngineOptions, total=False):
+    """``open_server``'s keywords for :func:`pairlink._io.listener.listen`, its ``**options``:
+    every keyword of ``listen`` but those the server sets (its URLs, users, TLS context,
+    container id and offered capabilities)."""
+
+    allow_anonymous: bool | None
+    idle_timeout: float | None
+    certificate_users: Collection[str] | None
+    reuse_port: bool
+
+
+class ServeOptions(ListenOptions, total=False):
+    """``open_server``'s keywords but ``listen``, ``users`` and ``ssl_context``: what ``serve``
+    and :func:`pairlink.testing.serve_in_memory` pass on."""
+
+    grace: float
+    container_id: str | None
+    call_url: str | None
+    limits: Limits | None
+    metrics_listen: str | None
+    middleware: Sequence[Middleware]
+
+
 @asynccontextmanager
 async def open_server(
     *services: object,
@@ -287,7 +310,7 @@ async def open_server(
     limits: Limits | None = None,
     metrics_listen: str | None = None,
     middleware: Sequence[Middleware] = (),
-    **options: Any,
+    **options: Unpack[ListenOptions],
 ) -> AsyncIterator[Server]:
     """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
     duration of the block; ``server.url`` says where (``listen`` may use port 0;
@@ -345,7 +368,7 @@ async def serve(
     users: dict[str, str] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
-    **options: Any,
+    **options: Unpack[ServeOptions],
 ) -> None:
     """Serve until cancelled, then shut down gracefully (see :func:`open_server`, which takes
     the same arguments). ``await nursery.start(serve, ...)`` returns the running server."""
@@ -356,7 +379,7 @@ async def serve(
         await trio.sleep_forever()
 
 
-async def remote(address: str) -> Any:
+async def remote(address: str) -> ServiceProxy:
     """A proxy for the service at ``address``, for a handler (or ``on_start``/``on_stop``)
     calling another service: ``calc = await remote("calc"); await calc.add(1, 2)``.
 
