@@ -22,9 +22,9 @@ from typing import Any, TypeVar, Unpack
 
 import trio
 
-from pairlink._amqp.messaging import BodyKind
+from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client import client as aio
-from pairlink._client.reply import MessageId, Reply
+from pairlink._client.reply import Reply
 from pairlink._io.logs import get_logger
 from pairlink._io.threads import TrioThread, start_trio_thread
 from pairlink._rpc.payload import Encoding

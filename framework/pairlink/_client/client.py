@@ -33,9 +33,9 @@ from typing import Any, TypeVar, Unpack
 import attrs
 import trio
 
-from pairlink._amqp.messaging import BodyKind
+from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client.pairs import CallConnection, CallPair
-from pairlink._client.reply import MessageId, Reply, compose_request
+from pairlink._client.reply import Reply, compose_request
 from pairlink._client.timeouts import Timeouts
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff

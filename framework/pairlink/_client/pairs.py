@@ -27,6 +27,7 @@ from pairlink._amqp.messaging import (
     Error,
     Header,
     Message,
+    MessageId,
     Properties,
     Rejected,
     Source,
@@ -34,7 +35,7 @@ from pairlink._amqp.messaging import (
 )
 from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
 from pairlink._amqp.types import Decoded
-from pairlink._client.reply import MessageId, Reply
+from pairlink._client.reply import Reply
 from pairlink._client.timeouts import Timeouts
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner, Sender, attach

@@ -9,19 +9,13 @@ reply with the request's delivery outcome, nothing interpreted.
 from __future__ import annotations
 
 import copy
-import uuid
 from collections.abc import Mapping
-from typing import TypeAlias
 
 import attrs
 
-from pairlink._amqp.messaging import BodyKind, DeliveryState, Message, Properties
+from pairlink._amqp.messaging import BodyKind, DeliveryState, Message, MessageId, Properties
 from pairlink._amqp.types import Decoded, Symbol
 from pairlink._rpc import wire
-
-MessageId: TypeAlias = int | uuid.UUID | bytes | str
-"""The message-id or correlation-id of a request we send: what AMQP allows there, a ulong (a
-plain ``int`` goes out as one), a uuid, binary or a string."""
 
 
 @attrs.frozen
