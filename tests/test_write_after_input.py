@@ -1,6 +1,7 @@
 """Bytes an input gives other connections to send (a gateway relaying a message from one
 connection to the next) are written through once that input is dispatched, not by waking
-each connection's writer task (``AmqpConnection.kick`` while ``_feed`` runs)."""
+each connection's writer task (``Writes.kick`` while a reader dispatches an input: the Trio
+run's ``AfterInput`` record, :mod:`pairlink._io.writes`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ CALLS = 40
 
 
 class WriterSteps(trio.abc.Instrument):
-    """Counts the task steps of connection writers (``AmqpConnection._write_loop``)."""
+    """Counts the task steps of connection writers (``Writes._write_loop``)."""
 
     def __init__(self) -> None:
         self.steps = 0
