@@ -427,7 +427,7 @@ async def test_calls_wait_for_credit_in_turn_and_leaving_ones_pass_it_on() -> No
             peer.engine.flow(peer.incoming[0].link, 1)
             # what our reader does when that flow arrives, done now, before c has run
             pair.sender.link.link_credit = 1
-            pair.sender.end.on_flow()
+            pair.sender.end.owner.link_flowed(pair.sender.end)
             peer.kick()
             await peer.wait_for(Transfer, 2)
             for incoming in peer.incoming:

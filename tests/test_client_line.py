@@ -194,15 +194,16 @@ async def test_a_sequential_call_is_written_by_its_caller_without_waking_the_wri
         assert await narrow.echo(0) == 0  # the pair's attaches: the writer sends them
         amqp = client._conn.amqp if client._conn else None
         assert amqp is not None
+        writes = amqp._writes
         kicks = 0
-        kick = amqp.kick
+        kick = writes.kick
 
         def counting() -> None:  # white box: a kick with none pending wakes the writer
             nonlocal kicks
-            kicks += not amqp._kicked
+            kicks += not writes.kicked
             kick()
 
-        amqp.kick = counting  # type: ignore[method-assign]
+        writes.kick = counting  # type: ignore[method-assign]
         for n in range(1, 20):
             assert await narrow.echo(n) == n
         assert kicks == 0

@@ -17,7 +17,7 @@ import trio.testing
 from pairlink import connect, handler, open_server, service
 from pairlink._client.client import Client
 from pairlink._io import plain_socket
-from pairlink._io.connection import READ_SIZE
+from pairlink._io.inputs import READ_SIZE
 from tests.tls import TlsFiles
 
 

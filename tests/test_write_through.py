@@ -1,4 +1,4 @@
-"""Replies written by the task that read the request (``AmqpConnection._write_through``): a
+"""Replies written by the task that read the request (``Writes.write_through``): a
 reply the socket does not take at once goes out whole, and before anything queued after it.
 
 A reply of a few MiB is more than a loopback socket takes in one non-blocking write, so the

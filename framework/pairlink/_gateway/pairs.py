@@ -295,7 +295,7 @@ class PairRelay:
                 self.requests.outbound = self.upstream.sender
                 receiver = self.replies.inbound = self.upstream.receiver
                 assert receiver is not None  # (an upstream pair without failure has both)
-                receiver.conn.engine.pass_through(receiver.link, self.replies.pass_on)
+                receiver.conn.pass_through(receiver.link, self.replies.pass_on)
             else:
                 self._log.info("relay.refused", condition=self.failure.condition)
             self._answer()
@@ -320,7 +320,7 @@ class PairRelay:
                     rcv_settle_mode=RCV_FIRST,
                 )
                 self.requests.inbound = LinkEnd(conn, link, self)
-                conn.engine.pass_through(link, self.requests.pass_on)
+                conn.pass_through(link, self.requests.pass_on)
                 self.requests.mirror_credit()
             else:
                 upstream = self.replies.inbound

@@ -93,18 +93,12 @@ class Hop:
     def pass_on(self, payload: bytearray) -> bool:
         """``inbound``'s ``Link.forward``: a plain pre-settled message goes on to ``outbound``
         as it came, from the engine that read it, with no delivery or event
-        (``Connection.pass_through``); False (it then ``arrive``s as usual) while anything
+        (``AmqpConnection.pass_through``); False (it then ``arrive``s as usual) while anything
         waits here or when ``outbound`` cannot send it at once."""
         out = self.outbound
-        if (
-            self.waiting
-            or out is None
-            or out.ended
-            or not out.conn.engine.forward(out.link, payload)
-        ):
+        if self.waiting or out is None or out.ended:
             return False
-        out.conn.kick()
-        return True
+        return out.conn.forward(out.link, payload)
 
     def pump(self) -> None:
         """Forward what waits, as far as ``outbound``'s credit goes."""

@@ -1,10 +1,11 @@
 """Our ends of AMQP links in the Trio layer, and the one way to own one.
 
-Every link we hold is a :class:`LinkEnd`: the connection's reader hands it the engine's events
-for that link, and it passes them to its *owner*, any object with the :class:`LinkOwner`
-methods it cares about (the service container's request and reply links, the client's pairs,
-the gateway's relays). Owners compose ends; nothing subclasses them. Whether a link can still
-be used is decided here alone (:attr:`LinkEnd.usable`).
+Every link we hold is a :class:`LinkEnd` (defined beside the connection's dispatch, in
+:mod:`pairlink._io.connection`, and exported here): the connection's reader calls its *owner*
+with each of the engine's events for that link, straight from its dispatch. An owner is any
+object with the :class:`LinkOwner` methods it cares about (the service container's request and
+reply links, the client's pairs, the gateway's relays). Owners compose ends; nothing subclasses
+them. Whether a link can still be used is decided by the end alone (:attr:`LinkEnd.usable`).
 
 Two ready-made owners serve code that wants a plain API: :class:`Sender` (send, waiting for
 credit in turn and for the outcome) and :class:`Receiver` (a queue bounded by the credit it
@@ -26,104 +27,14 @@ import trio
 
 from pairlink._amqp import errors as conditions
 from pairlink._amqp.errors import DecodeError
-from pairlink._amqp.link import Delivery, Link, LinkState
+from pairlink._amqp.link import Delivery, Link
 from pairlink._amqp.messaging import Error, Message, Rejected, Source, Target
 from pairlink._amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
 from pairlink._amqp.session import Session
 from pairlink._io.connection import AmqpConnection
+from pairlink._io.connection import LinkEnd as LinkEnd
+from pairlink._io.connection import LinkOwner as LinkOwner
 from pairlink.errors import ConnectionLostError, LinkDetachedError, PairlinkError
-
-
-class LinkOwner(Protocol):
-    """What owns link ends: told of every event on them, in the connection's reader task.
-
-    Subclass it to inherit the do-nothing defaults of the hooks an owner does not need (they
-    return None explicitly, which keeps them from being abstract).
-    """
-
-    def link_attached(self, end: LinkEnd) -> None:
-        """The peer answered our attach (``end.attached`` is set already)."""
-        return None
-
-    def link_flowed(self, end: LinkEnd) -> None:
-        """The link's flow state changed (new credit, a drain)."""
-        return None
-
-    def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
-        """A whole message arrived on the link."""
-        return None
-
-    def link_updated(self, end: LinkEnd, delivery: Delivery) -> None:
-        """The peer changed the state or settlement of one of our deliveries."""
-        return None
-
-    def link_ended(self, end: LinkEnd) -> None:
-        """The link is over (detached, its session ended, or the connection is gone); called
-        once. ``end.detached`` says why when it was detached."""
-        return None
-
-
-class LinkEnd:
-    """Our end of one link on ``conn``, its events going to ``owner``."""
-
-    __slots__ = ("attached", "conn", "detached", "ended", "link", "owner")
-
-    def __init__(self, conn: AmqpConnection, link: Link, owner: LinkOwner) -> None:
-        self.conn = conn
-        self.link = link
-        self.owner = owner
-        self.attached = trio.Event()
-        self.detached: LinkDetachedError | None = None
-        self.ended = False
-        link.user_data = self
-
-    @property
-    def usable(self) -> bool:
-        """Attached both ways and not ended: frames for it may go out."""
-        return not self.ended and self.link.state is LinkState.ATTACHED
-
-    def check_usable(self) -> None:
-        """Raise why the link cannot carry anything more, if it cannot."""
-        self.conn.raise_if_closed()
-        if self.detached is not None:
-            raise self.detached
-
-    def detach(self, error: Error | None = None) -> None:
-        """Detach the link, closing it (with ``error`` if given), unless it is over."""
-        self.conn.detach(self.link, error=error)
-
-    def ending_error(self) -> Error | None:
-        """The error this end went with: its detach's, else (it went with its session or
-        connection) the connection's; None for a plain ending."""
-        source: PairlinkError | None = self.detached
-        if source is None or source.condition is None:
-            source = self.conn.error
-        if source is None or source.condition is None:
-            return None
-        return Error(condition=source.condition, description=source.description)
-
-    # -- called by the connection (pairlink._io.link_events.LinkEvents) ---------------------
-
-    def on_attached(self) -> None:
-        self.attached.set()
-        self.owner.link_attached(self)
-
-    def on_flow(self) -> None:
-        self.owner.link_flowed(self)
-
-    def on_message(self, delivery: Delivery, payload: bytes) -> None:
-        self.owner.link_received(self, delivery, payload)
-
-    def on_update(self, delivery: Delivery) -> None:
-        self.owner.link_updated(self, delivery)
-
-    def on_ended(self, detached: LinkDetachedError | None = None) -> None:
-        if detached is not None and self.detached is None:
-            self.detached = detached
-        self.attached.set()
-        if not self.ended:
-            self.ended = True
-            self.owner.link_ended(self)
 
 
 def attach(

@@ -34,11 +34,12 @@ from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.link import Link
 from pairlink._amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
 from pairlink._amqp.types import Fields
-from pairlink._io.connection import MAX_OUTGOING_BYTES, AmqpConnection
+from pairlink._io.connection import AmqpConnection
 from pairlink._io.login_throttle import LoginThrottle
 from pairlink._io.logs import get_logger
 from pairlink._io.net import AmqpUrl, open_connection
 from pairlink._io.taskgroups import body_errors_unwrapped
+from pairlink._io.writes import MAX_OUTGOING_BYTES
 from pairlink.errors import AuthenticationError, ConnectionLostError
 
 log = get_logger("pairlink.transport")

@@ -20,8 +20,9 @@ import trio
 
 from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.sasl import EXTERNAL, SaslClient
-from pairlink._io.connection import MAX_OUTGOING_BYTES, AmqpConnection, OnAttach
+from pairlink._io.connection import AmqpConnection, OnAttach
 from pairlink._io.taskgroups import body_errors_unwrapped
+from pairlink._io.writes import MAX_OUTGOING_BYTES
 from pairlink.errors import ConnectionLostError
 
 AMQP_PORT = 5672
@@ -93,10 +94,7 @@ async def open_connection(
     with body_errors_unwrapped() as body:
         try:
             async with trio.open_nursery() as nursery:
-                await conn._run(nursery)
-                if initiator:
-                    conn.engine.open()
-                    conn.kick()
+                conn.start(nursery)
                 try:
                     async with body:
                         yield conn
@@ -107,7 +105,7 @@ async def open_connection(
                             await conn.flushed.wait()
                     nursery.cancel_scope.cancel()
         finally:
-            conn._finish(conn.error)
+            conn.finish(conn.error)
             await trio.aclose_forcefully(stream)
 
 

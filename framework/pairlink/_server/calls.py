@@ -100,7 +100,7 @@ class Call(Arrival):
         """The handler's view of this call, built once, on demand: most handlers never ask."""
         if self.context is None:
             conn = self.origin.end.conn
-            opened = conn.engine.remote_open
+            opened = conn.remote_open
             request = self.request
             self.context = CallContext(
                 message_id=request.message_id,
