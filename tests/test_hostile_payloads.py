@@ -14,7 +14,7 @@ from pairlink._amqp.framing import encode_frame
 from pairlink._amqp.messaging import Message, Properties
 from pairlink._amqp.performatives import ROLE_SENDER, Detach, Transfer
 from pairlink._amqp.types import ULong
-from pairlink._io.limits import Limits
+from pairlink._config.limits import Limits
 from pairlink._rpc import deadline, wire
 from tests.service_peers import app_property, raw_client, status
 

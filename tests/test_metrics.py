@@ -17,12 +17,12 @@ from pairlink import handler, open_server, service
 from pairlink._client import blocking
 from pairlink._client.client import connect
 from pairlink._client.health import HEALTH
-from pairlink._io.metrics import parse_listen
-from pairlink._io.metrics_http import MAX_SCRAPES, READ_TIMEOUT
 from pairlink._rpc import wire
 from pairlink._rpc.deadline import wall_time
 from pairlink._rpc.payload import Encoding
 from pairlink._server.metrics import UNKNOWN_OPERATION
+from pairlink._telemetry.metrics import parse_listen
+from pairlink._telemetry.metrics_http import MAX_SCRAPES, READ_TIMEOUT
 from pairlink.errors import CallError, MetricsUnavailable, RemoteError
 from tests.scraping import Scrape, http_get, scrape
 from tests.service_peers import wait_for

@@ -14,8 +14,8 @@ import trio
 from pairlink import current_call, handler, hosted, open_server, remote, service
 from pairlink._client import blocking
 from pairlink._client.client import connect
-from pairlink._io.limits import Limits
-from pairlink._io.toml_config import TlsFiles as ConfigTlsFiles
+from pairlink._config.limits import Limits
+from pairlink._config.toml_config import TlsFiles as ConfigTlsFiles
 from pairlink._server.config import ServiceEntry, parse_serve_config
 from pairlink.errors import ConfigError, ConnectionLostError, PairlinkError
 from tests.test_cli_serve import PAIRLINK, workdir  # noqa: F401 - fixture

@@ -22,7 +22,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pairlink._client.client import Client, ServiceProxy, connect
 from pairlink._client.reply import Reply
-from pairlink._io.limits import Limits
+from pairlink._config.limits import Limits
 from pairlink._rpc.tracing import TraceContext, current_trace, use_trace
 from pairlink._server.context import CallContext, Middleware, Proceed, current_call
 from pairlink._server.service import handler, hosted, service

@@ -28,10 +28,10 @@ import attrs
 import trio
 
 from pairlink._client.reply import Reply
-from pairlink._io.logs import FORMATS, configure_stderr, get_logger, tag_process
 from pairlink._rpc import wire
 from pairlink._rpc.deadline import wall_time
 from pairlink._rpc.payload import Encoding
+from pairlink._telemetry.logs import FORMATS, configure_stderr, get_logger, tag_process
 from pairlink.errors import PairlinkError, RemoteError
 
 log = get_logger("pairlink.cli")
@@ -323,7 +323,7 @@ _SERVE_URL = "amqp://127.0.0.1:5672"
 
 
 def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    from pairlink._io.toml_config import TlsFiles, server_tls_context
+    from pairlink._config.toml_config import TlsFiles, server_tls_context
     from pairlink._server.config import ServeConfig, ServiceEntry, load_serve_config
     from pairlink._server.service import hosted
     from pairlink._server.serving import serve

@@ -1,5 +1,5 @@
 """Gateway config: a valid file read in full, and every kind of mistake refused with the file,
-line and key in the message (pairlink._gateway.config, pairlink._io.toml_lines)."""
+line and key in the message (pairlink._gateway.config, pairlink._config.toml_lines)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pairlink._config.limits import Limits
+from pairlink._config.toml_lines import KeyLines, dotted
 from pairlink._gateway.config import MAX_PAIRS, GatewayConfig, Route, load_config, parse_config
-from pairlink._io.limits import Limits
-from pairlink._io.toml_lines import KeyLines, dotted
 from pairlink.errors import ConfigError
 from tests.tls import TlsFiles
 

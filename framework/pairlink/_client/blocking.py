@@ -25,9 +25,9 @@ import trio
 from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client import client as aio
 from pairlink._client.reply import Reply
-from pairlink._io.logs import get_logger
 from pairlink._io.threads import TrioThread, start_trio_thread
 from pairlink._rpc.payload import Encoding
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import ConnectionLostError
 
 log = get_logger("pairlink.blocking")

@@ -41,7 +41,6 @@ from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import EngineOptions
-from pairlink._io.logs import get_logger
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._rpc import deadline, wire
 from pairlink._rpc.linkpair import (
@@ -49,6 +48,7 @@ from pairlink._rpc.linkpair import (
     offers_pairing,
 )
 from pairlink._rpc.payload import Encoding
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import (
     AuthenticationError,
     ConnectionLostError,

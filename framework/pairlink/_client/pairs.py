@@ -39,10 +39,10 @@ from pairlink._client.reply import Reply
 from pairlink._client.timeouts import Timeouts
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner, Sender, attach
-from pairlink._io.logs import Logger
 from pairlink._rpc import deadline, spans, tracing, wire
 from pairlink._rpc.linkpair import paired_mismatch, paired_properties
 from pairlink._rpc.payload import Encoding
+from pairlink._telemetry.logs import Logger
 from pairlink.errors import ConnectionLostError, LinkDetachedError, PairlinkError
 
 

@@ -15,9 +15,9 @@ from typing import Literal, TypedDict
 import attrs
 
 from pairlink._client.health import HEALTH
-from pairlink._io.limits import Limits
-from pairlink._io.toml_config import Table, TomlReader, read_config_text, type_name
-from pairlink._io.toml_lines import KeyPath, dotted
+from pairlink._config.limits import Limits
+from pairlink._config.toml_config import Table, TomlReader, read_config_text, type_name
+from pairlink._config.toml_lines import KeyPath, dotted
 from pairlink.errors import ConfigError
 
 __all__ = ["MAX_PAIRS", "ConfigError", "GatewayConfig", "Route", "load_config", "parse_config"]
@@ -62,7 +62,7 @@ class GatewayConfig:
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
     hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
-    may make the gateway hold (the ``[limits]`` table, :class:`pairlink._io.limits.Limits`);
+    may make the gateway hold (the ``[limits]`` table, :class:`pairlink._config.limits.Limits`);
     ``metrics_listen``: ``HOST:PORT`` of its Prometheus endpoint (None: no metrics)."""
 
     listen: str

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pairlink._gateway.pairs import PairBudget
 from pairlink._gateway.upstream import Upstream
-from pairlink._io.metrics import connections_gauge, gauge, new_registry, parse_listen
+from pairlink._telemetry.metrics import connections_gauge, gauge, new_registry, parse_listen
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric

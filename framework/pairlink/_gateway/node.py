@@ -28,6 +28,7 @@ from pairlink._amqp.errors import (
 from pairlink._amqp.link import Link
 from pairlink._amqp.messaging import Error
 from pairlink._client.health import HEALTH
+from pairlink._config.toml_config import server_tls_context
 from pairlink._gateway.config import GatewayConfig, Route
 from pairlink._gateway.health import HealthPair
 from pairlink._gateway.metrics import GatewayMetrics
@@ -36,10 +37,9 @@ from pairlink._gateway.routing import RoutingRelay
 from pairlink._gateway.upstream import Upstream
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import Listener, listen
-from pairlink._io.logs import get_logger
-from pairlink._io.toml_config import server_tls_context
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
 from pairlink._rpc.wire import CALL_ENVELOPE
+from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.gateway")
 
@@ -214,7 +214,7 @@ class Gateway:
             ) as listener:
                 self.listener = listener
                 if self.metrics is not None:
-                    from pairlink._io.metrics_http import serve_metrics  # h11: an extra
+                    from pairlink._telemetry.metrics_http import serve_metrics  # h11: an extra
 
                     metrics = self.metrics
                     self.metrics_url = await nursery.start(

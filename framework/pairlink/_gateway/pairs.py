@@ -27,8 +27,8 @@ from pairlink._gateway.relay import Hop
 from pairlink._gateway.upstream import Upstream, UpstreamUnavailable
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner
-from pairlink._io.logs import get_logger
 from pairlink._rpc.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
+from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.gateway")
 

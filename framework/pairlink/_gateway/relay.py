@@ -31,7 +31,7 @@ from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.link import Delivery
 from pairlink._amqp.messaging import Modified, Released, with_ttl_reduced
 from pairlink._io.links import LinkEnd
-from pairlink._io.logs import get_logger
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import PairlinkError
 
 log = get_logger("pairlink.gateway")

@@ -34,8 +34,8 @@ from pairlink._gateway.pairs import (
 )
 from pairlink._gateway.relay import Hop
 from pairlink._io.links import LinkEnd
-from pairlink._io.logs import get_logger
 from pairlink._rpc.linkpair import PairHalf, paired_properties
+from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.gateway")
 

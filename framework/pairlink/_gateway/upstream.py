@@ -24,13 +24,13 @@ from urllib.parse import quote
 import trio
 
 from pairlink._amqp.session import Session, SessionState
+from pairlink._config.limits import Limits
 from pairlink._gateway.config import Route
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.limits import Limits
-from pairlink._io.logs import get_logger
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0, offers_pairing
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import ConnectionLostError, PairlinkError
 
 log = get_logger("pairlink.gateway")

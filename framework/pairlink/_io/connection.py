@@ -48,8 +48,8 @@ from pairlink._amqp.messaging import Error
 from pairlink._io.facade import EngineFacade
 from pairlink._io.inputs import Inputs
 from pairlink._io.lifecycle import ABANDONED, CLOSED, OPEN, OPENING, Lifecycle
-from pairlink._io.logs import get_logger, new_ref
 from pairlink._io.writes import MAX_OUTGOING_BYTES, Writes
+from pairlink._telemetry.logs import get_logger, new_ref
 from pairlink.errors import (
     AuthenticationError,
     ConnectionLostError,

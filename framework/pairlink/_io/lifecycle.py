@@ -13,7 +13,7 @@ from typing import Protocol
 
 from pairlink._amqp.events import Event
 from pairlink._amqp.link import Link
-from pairlink._io.logs import Logger
+from pairlink._telemetry.logs import Logger
 from pairlink.errors import ConnectionLostError
 
 

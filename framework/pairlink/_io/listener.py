@@ -36,10 +36,10 @@ from pairlink._amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
 from pairlink._amqp.types import Fields
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.login_throttle import LoginThrottle
-from pairlink._io.logs import get_logger
 from pairlink._io.net import AmqpUrl, open_connection
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._io.writes import MAX_OUTGOING_BYTES
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import AuthenticationError, ConnectionLostError
 
 log = get_logger("pairlink.transport")
@@ -69,7 +69,7 @@ H = TypeVar("H", bound=ConnectionHandler)
 
 class EngineLimits(TypedDict, total=False):
     """The engine's bounds (``ConnectionConfig`` fields, defaults there): what
-    :meth:`pairlink._io.limits.Limits.engine_options` gives, for ``listen`` and ``connect``."""
+    :meth:`pairlink._config.limits.Limits.engine_options` gives, for ``listen`` and ``connect``."""
 
     max_message_size: int
     max_incomplete_bytes: int

@@ -52,7 +52,6 @@ from pairlink._amqp.messaging import (
     Rejected,
     decode_head,
 )
-from pairlink._io.logs import get_logger, new_ref
 from pairlink._rpc import deadline, spans, wire
 from pairlink._rpc.tracing import TRACEPARENT
 from pairlink._rpc.wire import (
@@ -82,6 +81,7 @@ from pairlink._server.dedup import DedupStore
 from pairlink._server.mailbox import CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
+from pairlink._telemetry.logs import get_logger, new_ref
 from pairlink.errors import CallError, PayloadError
 
 log = get_logger("pairlink.service")

@@ -1,6 +1,6 @@
 """``pairlink serve --config FILE``: where a server listens, who may connect, and what it serves.
 
-Read from TOML with the gateway's checks (:mod:`pairlink._io.toml_config`): every mistake is
+Read from TOML with the gateway's checks (:mod:`pairlink._config.toml_config`): every mistake is
 refused at start as ``file:line: key: problem``. Command-line flags override the file (the CLI
 merges them); passwords come from the environment variables the file names (``password_env``).
 """
@@ -14,9 +14,9 @@ from typing import Literal, TypedDict
 
 import attrs
 
-from pairlink._io.limits import Limits
-from pairlink._io.toml_config import Table, TlsFiles, TomlReader, read_config_text, type_name
-from pairlink._io.toml_lines import KeyPath
+from pairlink._config.limits import Limits
+from pairlink._config.toml_config import Table, TlsFiles, TomlReader, read_config_text, type_name
+from pairlink._config.toml_lines import KeyPath
 from pairlink.errors import ConfigError
 
 __all__ = ["ConfigError", "ServeConfig", "ServiceEntry", "load_serve_config", "parse_serve_config"]

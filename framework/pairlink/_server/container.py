@@ -62,7 +62,6 @@ from pairlink._amqp.performatives import (
 )
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner, accept
-from pairlink._io.logs import get_logger
 from pairlink._rpc.linkpair import (
     PairHalf,
     Refusal,
@@ -72,6 +71,7 @@ from pairlink._rpc.linkpair import (
 from pairlink._rpc.wire import ME
 from pairlink._server.actor import Actor
 from pairlink._server.calls import Origin
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import PairlinkError
 
 log = get_logger("pairlink.service")

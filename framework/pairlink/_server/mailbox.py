@@ -45,7 +45,7 @@ import attrs
 import trio
 
 from pairlink._amqp.link import Link, serial_diff
-from pairlink._io.logs import get_logger
+from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.service")
 

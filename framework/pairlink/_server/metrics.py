@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from pairlink._amqp.link import Delivery
-from pairlink._io.metrics import (
+from pairlink._server.actor import Actor
+from pairlink._telemetry.metrics import (
     connections_gauge,
     gauge,
     new_registry,
     parse_listen,
     prometheus,
 )
-from pairlink._server.actor import Actor
 
 if TYPE_CHECKING:
     from prometheus_client import Counter, Histogram

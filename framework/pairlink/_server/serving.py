@@ -18,8 +18,8 @@ from pairlink._amqp.link import Link, LinkState
 from pairlink._client.client import Client, ServiceProxy
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
+from pairlink._config.limits import Limits, ListenLimits
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.limits import Limits, ListenLimits
 from pairlink._io.listener import EngineOptions, Listener
 from pairlink._io.listener import listen as listen_amqp
 from pairlink._io.net import AmqpUrl, Connector
@@ -187,7 +187,7 @@ class Server:
             if self.metrics is not None:  # scraped until the connections close, drain included
                 scrapes = await stack.enter_async_context(trio.open_nursery())
                 stack.callback(scrapes.cancel_scope.cancel)  # (exits first: last in)
-                from pairlink._io.metrics_http import serve_metrics  # h11: an extra
+                from pairlink._telemetry.metrics_http import serve_metrics  # h11: an extra
 
                 metrics = self.metrics
                 self.metrics_url = await scrapes.start(
@@ -327,7 +327,7 @@ async def open_server(
     serves the ``amqps://`` listeners (and, verifying client certificates, logs in the
     ``certificate_users`` option's names with SASL EXTERNAL); ``call_url`` is where
     :func:`remote` connects (default: this server); ``limits`` bounds what peers can make the
-    server hold (:class:`pairlink._io.limits.Limits`, every field documented with its default;
+    server hold (:class:`pairlink._config.limits.Limits`, every field documented with its default;
     each listener keeps its own ``max_connections``); ``options`` go to
     :func:`pairlink._io.listener.listen` (``idle_timeout``...) and override ``limits``.
     ``metrics_listen`` (``HOST:PORT``, port 0 allowed) serves Prometheus metrics over HTTP

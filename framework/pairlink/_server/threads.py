@@ -32,7 +32,7 @@ import outcome
 import trio
 from sniffio import current_async_library_cvar
 
-from pairlink._io.logs import get_logger
+from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.service")
 

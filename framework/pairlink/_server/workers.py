@@ -44,10 +44,10 @@ import trio
 
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.listener import bind_reuse_port
-from pairlink._io.logs import get_logger
-from pairlink._io.metrics import parse_listen
 from pairlink._io.net import AmqpUrl
 from pairlink._server.serving import Server
+from pairlink._telemetry.logs import get_logger
+from pairlink._telemetry.metrics import parse_listen
 from pairlink.errors import PairlinkError
 
 log = get_logger("pairlink.workers")

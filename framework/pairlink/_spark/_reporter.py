@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from pairlink._client.client import connect
-from pairlink._io.logs import get_logger
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import PairlinkError
 
 log = get_logger("pairlink.spark")

@@ -26,10 +26,10 @@ import attrs
 import trio
 
 from pairlink._client.client import Client, connect
-from pairlink._io.logs import get_logger
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._io.threads import start_trio_thread
 from pairlink._spark._reporter import Counts, report
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import ConnectionLostError, RemoteError
 
 log = get_logger("pairlink.spark")

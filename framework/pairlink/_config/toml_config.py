@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from pairlink._io.limits import Limits
-from pairlink._io.metrics import parse_listen
+from pairlink._config.limits import Limits
+from pairlink._config.toml_lines import KeyLines, KeyPath, dotted
 from pairlink._io.net import AmqpUrl
-from pairlink._io.toml_lines import KeyLines, KeyPath, dotted
+from pairlink._telemetry.metrics import parse_listen
 from pairlink.errors import ConfigError
 
 

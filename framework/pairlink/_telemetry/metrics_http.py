@@ -1,7 +1,7 @@
 """The HTTP endpoint Prometheus scrapes: a registry served from the event loop, each request
 parsed by h11.
 
-Imported only once metrics are asked for (:func:`pairlink._io.metrics.prometheus` has checked
+Imported only once metrics are asked for (:func:`pairlink._telemetry.metrics.prometheus` has checked
 that h11 and ``prometheus_client``, the ``metrics`` extra, are installed).
 """
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import h11
 import trio
 
-from pairlink._io.metrics import log, parse_listen, prometheus
+from pairlink._telemetry.metrics import log, parse_listen, prometheus
 
 if TYPE_CHECKING:
     from prometheus_client.registry import CollectorRegistry

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from pairlink._io.logs import get_logger
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import MetricsUnavailable
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ log = get_logger("pairlink.metrics")
 
 def prometheus() -> ModuleType:
     """``prometheus_client``, imported now (the first time metrics are asked for), once h11
-    (which parses the endpoint's HTTP, :mod:`pairlink._io.metrics_http`) is known there too."""
+    (which parses the endpoint's HTTP, :mod:`pairlink._telemetry.metrics_http`) is known
+    there too."""
     try:
         importlib.import_module("h11")
         return importlib.import_module("prometheus_client")
