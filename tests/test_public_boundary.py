@@ -14,6 +14,7 @@ import os
 import pkgutil
 import subprocess
 import sys
+import tomllib
 import types
 import zipfile
 from pathlib import Path
@@ -234,3 +235,9 @@ def test_the_wheel_installs_pairlink_alone_and_its_command_works(tmp_path: Path)
         cwd=project, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert "serve" in command.stdout
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    shown = subprocess.run(
+        [str(site / "bin" / "pairlink"), "--version"],
+        cwd=project, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert shown.stdout.strip() == f"pairlink {version}"

@@ -18,8 +18,6 @@ pyproject.toml, checked by ``make lint``):
 * ``pairlink._spark`` (imported only by :mod:`pairlink.spark`) and ``pairlink._cli``.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from pairlink._client.client import Client, ServiceProxy, connect
 from pairlink._client.reply import Reply
 from pairlink._config.limits import Limits
@@ -27,6 +25,7 @@ from pairlink._rpc.tracing import TraceContext, current_trace, use_trace
 from pairlink._server.context import CallContext, Middleware, Proceed, current_call
 from pairlink._server.service import handler, hosted, service
 from pairlink._server.serving import Server, open_server, remote, serve
+from pairlink._version import VERSION
 from pairlink.errors import (
     AuthenticationError,
     CallError,
@@ -40,10 +39,7 @@ from pairlink.errors import (
     RemoteTimeoutError,
 )
 
-try:
-    __version__ = version("pairlink-amqp")
-except PackageNotFoundError:  # a checkout on sys.path, not installed
-    __version__ = "0+unknown"
+__version__ = VERSION
 
 __all__ = [
     "AuthenticationError",

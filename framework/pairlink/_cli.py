@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from importlib import metadata
 from typing import NoReturn, cast
 
 import attrs
@@ -32,6 +31,7 @@ from pairlink._rpc import wire
 from pairlink._rpc.deadline import wall_time
 from pairlink._rpc.payload import Encoding
 from pairlink._telemetry.logs import FORMATS, configure_stderr, get_logger, tag_process
+from pairlink._version import VERSION
 from pairlink.errors import PairlinkError, RemoteError
 
 log = get_logger("pairlink.cli")
@@ -46,14 +46,6 @@ ENCODINGS = {
     "raw": Encoding.RAW,
     "amqp-value": Encoding.AMQP_VALUE,
 }
-
-
-def _version() -> str:
-    # The installed distribution is the one source of the version (pyproject.toml).
-    try:
-        return metadata.version("pairlink")
-    except metadata.PackageNotFoundError:  # running from a source tree that is not installed
-        return "0+unknown"
 
 
 def _json_argument(text: str) -> object:
@@ -80,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pairlink",
         description="Request-response services over AMQP 1.0 paired links.",
     )
-    parser.add_argument("--version", action="version", version=f"pairlink {_version()}")
+    parser.add_argument("--version", action="version", version=f"pairlink {VERSION}")
     _add_log_options(parser, default=None)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from pairlink._telemetry.logs import get_logger
+from pairlink._version import DISTRIBUTION
 from pairlink.errors import MetricsUnavailable
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def prometheus() -> ModuleType:
         return importlib.import_module("prometheus_client")
     except ImportError:
         raise MetricsUnavailable(
-            "metrics need prometheus_client: pip install 'pairlink-amqp[metrics]'"
+            f"metrics need prometheus_client: pip install '{DISTRIBUTION}[metrics]'"
         ) from None
 
 
