@@ -17,6 +17,8 @@ may go out, so open/begin/attach/flow/transfer can leave in one burst.
 
 from __future__ import annotations
 
+from typing import Required, TypedDict
+
 from . import errors
 from .channels import DISPATCH, Channels
 from .config import ConnectionConfig
@@ -48,6 +50,32 @@ from .performatives import (
 from .session import Session, SessionState
 from .transfer_codec import encode_first_transfer, encode_transfer_frame
 from .types import Fields, Symbol
+
+
+class AnswerFields(TypedDict, total=False):
+    """What our attach may set, besides its termini, when it answers a peer's
+    (:meth:`Connection.answer_attach`)."""
+
+    snd_settle_mode: int | None
+    rcv_settle_mode: int | None
+    properties: Fields | None
+    max_message_size: int | None
+    offered_capabilities: list[Symbol] | None
+
+
+class AttachFields(TypedDict, total=False):
+    """What :meth:`Connection.attach` takes besides the session and our role."""
+
+    name: Required[str]
+    source: Required[Source | None]
+    target: Required[Target | None]
+    snd_settle_mode: int
+    rcv_settle_mode: int
+    properties: Fields | None
+    max_message_size: int | None
+    offered_capabilities: list[Symbol] | None
+    desired_capabilities: list[Symbol] | None
+
 
 __all__ = ["Connection", "ConnectionConfig"]  # (ConnectionConfig lives in config.py)
 

@@ -40,7 +40,7 @@ from pairlink._client.timeouts import Timeouts
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.listener import EngineOptions
+from pairlink._io.net import ClientConfig
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._rpc import deadline, wire
 from pairlink._rpc.linkpair import (
@@ -533,13 +533,10 @@ class ServiceProxy:
         return f"<ServiceProxy {self.address!r} on {self.client.url}>"
 
 
-class ConnectConfig(EngineOptions, total=False):
+class ConnectConfig(ClientConfig, total=False):
     """``connect``'s ``**config``: the connection's settings, handed to
     :func:`pairlink._io.net.connect` as given (defaults there and in ``client_config``)."""
 
-    container_id: str | None
-    idle_timeout: float | None
-    sasl: bool | str
     max_outgoing_bytes: int
 
 

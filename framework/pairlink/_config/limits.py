@@ -13,8 +13,9 @@ from pairlink._amqp.codec import MAX_ELEMENTS
 from pairlink._amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
 from pairlink._amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from pairlink._amqp.session import HANDLE_MAX
-from pairlink._io.listener import HANDSHAKE_TIMEOUT, EngineLimits
+from pairlink._io.listener import HANDSHAKE_TIMEOUT
 from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
+from pairlink._io.net import EngineLimits
 from pairlink._io.writes import MAX_OUTGOING_BYTES
 
 

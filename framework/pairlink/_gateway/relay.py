@@ -29,7 +29,7 @@ import trio
 
 from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.link import Delivery
-from pairlink._amqp.messaging import Modified, Released, with_ttl_reduced
+from pairlink._amqp.messaging import DeliveryState, Modified, Released, with_ttl_reduced
 from pairlink._io.links import LinkEnd
 from pairlink._telemetry.logs import get_logger
 from pairlink.errors import PairlinkError
@@ -135,7 +135,7 @@ class Hop:
                 self.pump()
                 self.mirror_credit()
 
-    def _settle_inbound(self, delivery: Delivery, state: object) -> None:
+    def _settle_inbound(self, delivery: Delivery, state: DeliveryState | None) -> None:
         inbound = self.inbound
         if inbound is not None and inbound.usable:
             inbound.conn.settle(delivery, state)

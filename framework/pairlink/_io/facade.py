@@ -11,23 +11,32 @@ changes it: the connection does, as its events come (:mod:`pairlink._io.connecti
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Unpack
 
 import trio
 
 from pairlink._amqp import errors as conditions
-from pairlink._amqp.connection import Connection
+from pairlink._amqp.connection import AnswerFields, AttachFields, Connection
 from pairlink._amqp.errors import LocalProtocolError
 from pairlink._amqp.events import SessionBegun, SessionEnded
 from pairlink._amqp.link import Delivery, Forward, Link, LinkState
-from pairlink._amqp.messaging import Error, Source, Target
+from pairlink._amqp.messaging import DeliveryState, Error, Source, Target
 from pairlink._amqp.performatives import Open
 from pairlink._amqp.session import Session, SessionState
+from pairlink._amqp.types import Fields
 from pairlink._io.lifecycle import CLOSED, Lifecycle
 from pairlink._io.writes import Writes
 from pairlink.errors import ConnectionLostError, LinkDetachedError, MessageTooLargeError
 
 _LINK_OPEN = (LinkState.ATTACH_SENT, LinkState.ATTACHED)
+
+
+class AcceptFields(AnswerFields, total=False):
+    """What :meth:`EngineFacade.answer_attach` takes: the termini (by default the peer's,
+    mirrored) and the rest of our answering attach."""
+
+    source: Source | None
+    target: Target | None
 
 
 class EngineFacade:
@@ -77,7 +86,7 @@ class EngineFacade:
             self._engine.complete_drain(link)
             self._writes.kick()
 
-    def settle(self, delivery: Delivery, state: Any = None) -> None:
+    def settle(self, delivery: Delivery, state: DeliveryState | None = None) -> None:
         """Declare the outcome of a delivery we received, and settle it."""
         if not delivery.settled and self._link_open(delivery.link):
             self._engine.settle(delivery, state)
@@ -140,7 +149,7 @@ class EngineFacade:
         *,
         source: Source | None = None,
         target: Target | None = None,
-        **attach: Any,
+        **attach: Unpack[AnswerFields],
     ) -> None:
         """Answer a peer's attach with our own (by default mirroring its termini)."""
         self._engine.answer_attach(
@@ -151,7 +160,9 @@ class EngineFacade:
         )
         self._writes.kick()
 
-    def attach(self, *, role: bool, session: Session | None = None, **attach: Any) -> Link:
+    def attach(
+        self, *, role: bool, session: Session | None = None, **attach: Unpack[AttachFields]
+    ) -> Link:
         """Attach a link of ours (frames go out at once, no waiting): ``name``, ``source``,
         ``target`` and the rest as :meth:`Connection.attach` takes them."""
         link = self._engine.attach(session or self.session, role=role, **attach)
@@ -164,7 +175,7 @@ class EngineFacade:
         error: Error,
         *,
         null_terminus: bool = True,
-        properties: dict[Any, Any] | None = None,
+        properties: Fields | None = None,
     ) -> None:
         """Refuse a peer's link: a null terminus (the link was never created, §2.6.3), or
         an attach mirroring the peer's with ``properties`` (it was created, then found

@@ -20,20 +20,23 @@ import contextlib
 import math
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Protocol, Unpack
 
 import attrs
 import trio
 
 from pairlink._amqp import errors as conditions
+from pairlink._amqp.connection import AttachFields
 from pairlink._amqp.errors import DecodeError
 from pairlink._amqp.link import Delivery, Link
-from pairlink._amqp.messaging import Error, Message, Rejected, Source, Target
+from pairlink._amqp.messaging import DeliveryState, Error, Message, Rejected, Source, Target
 from pairlink._amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, SND_MIXED
 from pairlink._amqp.session import Session
+from pairlink._amqp.types import Fields
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.connection import LinkEnd as LinkEnd
 from pairlink._io.connection import LinkOwner as LinkOwner
+from pairlink._io.facade import AcceptFields
 from pairlink.errors import ConnectionLostError, LinkDetachedError, PairlinkError
 
 
@@ -43,7 +46,7 @@ def attach(
     *,
     role: bool,
     session: Session | None = None,
-    **fields: Any,
+    **fields: Unpack[AttachFields],
 ) -> LinkEnd:
     """Attach a link of ours for ``owner`` (frames go out at once, no waiting): ``name``,
     ``source``, ``target`` and the rest as :meth:`pairlink._amqp.connection.Connection.attach`
@@ -51,7 +54,9 @@ def attach(
     return LinkEnd(conn, conn.attach(role=role, session=session, **fields), owner)
 
 
-def accept(conn: AmqpConnection, link: Link, owner: LinkOwner, **fields: Any) -> LinkEnd:
+def accept(
+    conn: AmqpConnection, link: Link, owner: LinkOwner, **fields: Unpack[AcceptFields]
+) -> LinkEnd:
     """Answer a peer's attach for ``owner`` (by default mirroring its termini)."""
     conn.answer_attach(link, **fields)
     end = LinkEnd(conn, link, owner)
@@ -305,7 +310,7 @@ class Receiver(_Ready):
             self.grant()
         return item
 
-    def settle(self, received: Received, state: Any) -> None:
+    def settle(self, received: Received, state: DeliveryState) -> None:
         """Declare the outcome (Accepted(), Rejected(...)...) of a received message."""
         self.end.conn.settle(received.delivery, state)
 
@@ -352,7 +357,7 @@ def open_sender(
     *,
     name: str | None = None,
     source_address: str | None = None,
-    properties: dict[Any, Any] | None = None,
+    properties: Fields | None = None,
     snd_settle_mode: int = SND_MIXED,
     rcv_settle_mode: int = RCV_FIRST,
     session: Session | None = None,
@@ -383,7 +388,7 @@ def open_receiver(
     name: str | None = None,
     target_address: str | None = None,
     dynamic: bool = False,
-    properties: dict[Any, Any] | None = None,
+    properties: Fields | None = None,
     rcv_settle_mode: int = RCV_FIRST,
     session: Session | None = None,
     watcher: LinkOwner | None = None,
@@ -411,7 +416,7 @@ def accept_receiver(
     *,
     credit: int = 100,
     watcher: LinkOwner | None = None,
-    **fields: Any,
+    **fields: Unpack[AcceptFields],
 ) -> Receiver:
     """Answer a peer's sending link: we receive on it, holding ``credit`` at most."""
     receiver = Receiver(credit, watcher)
@@ -421,7 +426,11 @@ def accept_receiver(
 
 
 def accept_sender(
-    conn: AmqpConnection, link: Link, *, watcher: LinkOwner | None = None, **fields: Any
+    conn: AmqpConnection,
+    link: Link,
+    *,
+    watcher: LinkOwner | None = None,
+    **fields: Unpack[AcceptFields],
 ) -> Sender:
     """Answer a peer's receiving link: we send on it as its credit allows."""
     sender = Sender(watcher)

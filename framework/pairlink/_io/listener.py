@@ -33,10 +33,9 @@ import trio.testing
 from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.link import Link
 from pairlink._amqp.sasl import ANONYMOUS_IDENTITY, SaslServer
-from pairlink._amqp.types import Fields
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.login_throttle import LoginThrottle
-from pairlink._io.net import AmqpUrl, open_connection
+from pairlink._io.net import AmqpUrl, EngineOptions, open_connection
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._io.writes import MAX_OUTGOING_BYTES
 from pairlink._telemetry.logs import get_logger
@@ -65,31 +64,6 @@ class ConnectionHandler(Protocol):
 
 
 H = TypeVar("H", bound=ConnectionHandler)
-
-
-class EngineLimits(TypedDict, total=False):
-    """The engine's bounds (``ConnectionConfig`` fields, defaults there): what
-    :meth:`pairlink._config.limits.Limits.engine_options` gives, for ``listen`` and ``connect``."""
-
-    max_message_size: int
-    max_incomplete_bytes: int
-    max_unsettled: int
-    max_decoded_elements: int
-    handle_max: int
-    max_links: int
-
-
-class EngineOptions(EngineLimits, total=False):
-    """The ``ConnectionConfig`` fields that ``listen`` (its ``**config``) and the client's
-    ``connect`` hand to the engine as given; the container id, idle timeout and SASL are
-    keywords of each, with defaults of its own."""
-
-    max_frame_size: int
-    channel_max: int
-    desired_capabilities: Sequence[str]
-    properties: Fields | None
-    session_window: int
-    min_peer_idle_timeout: float
 
 
 @attrs.define

@@ -10,9 +10,9 @@ from __future__ import annotations
 import functools
 import ssl
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TypedDict, Unpack
 from urllib.parse import unquote, urlsplit
 
 import attrs
@@ -20,6 +20,7 @@ import trio
 
 from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.sasl import EXTERNAL, SaslClient
+from pairlink._amqp.types import Fields
 from pairlink._io.connection import AmqpConnection, OnAttach
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._io.writes import MAX_OUTGOING_BYTES
@@ -109,13 +110,46 @@ async def open_connection(
             await trio.aclose_forcefully(stream)
 
 
+class EngineLimits(TypedDict, total=False):
+    """The engine's bounds (``ConnectionConfig`` fields, defaults there): what
+    :meth:`pairlink._config.limits.Limits.engine_options` gives, for ``listen`` and ``connect``."""
+
+    max_message_size: int
+    max_incomplete_bytes: int
+    max_unsettled: int
+    max_decoded_elements: int
+    handle_max: int
+    max_links: int
+
+
+class EngineOptions(EngineLimits, total=False):
+    """The ``ConnectionConfig`` fields that ``listen`` (its ``**config``) and the client's
+    ``connect`` hand to the engine as given; the container id, idle timeout and SASL are
+    keywords of each, with defaults of its own."""
+
+    max_frame_size: int
+    channel_max: int
+    desired_capabilities: Sequence[str]
+    properties: Fields | None
+    session_window: int
+    min_peer_idle_timeout: float
+
+
+class ClientConfig(EngineOptions, total=False):
+    """:func:`client_config`'s keywords, which :func:`connect` takes as its ``**config``."""
+
+    container_id: str | None
+    idle_timeout: float | None
+    sasl: bool | str
+
+
 def client_config(
     url: AmqpUrl,
     *,
     container_id: str | None = None,
     idle_timeout: float | None = 60.0,
     sasl: bool | str = True,
-    **extra: Any,
+    **extra: Unpack[EngineOptions],
 ) -> ConnectionConfig:
     """Our client's engine settings for ``url``.
 
@@ -149,7 +183,7 @@ async def connect(
     connect_timeout: float = 30.0,
     max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
     connector: Connector | None = None,
-    **config: Any,
+    **config: Unpack[ClientConfig],
 ) -> AsyncIterator[AmqpConnection]:
     """Connect to ``amqp[s]://[user:password@]host[:port]``; SASL PLAIN when the URL has a
     user, ANONYMOUS otherwise. The open is pipelined: use ``wait_opened()`` to wait for it.

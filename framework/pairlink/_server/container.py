@@ -46,7 +46,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import deque
-from typing import Any
+from typing import Unpack
 
 import attrs
 
@@ -61,6 +61,7 @@ from pairlink._amqp.performatives import (
     SND_UNSETTLED,
 )
 from pairlink._io.connection import AmqpConnection
+from pairlink._io.facade import AcceptFields
 from pairlink._io.links import LinkEnd, LinkOwner, accept
 from pairlink._rpc.linkpair import (
     PairHalf,
@@ -88,7 +89,7 @@ class RequestLink(LinkOwner):
         actor: Actor,
         peer: Peer,
         half: PairHalf,
-        **answer: Any,
+        **answer: Unpack[AcceptFields],
     ) -> None:
         self.actor = actor
         self.ledger = actor.mailbox.ledger(conn, link)  # its credit, as the mailbox counts it
@@ -167,7 +168,7 @@ class ReplyLink(LinkOwner):
         peer: Peer,
         half: PairHalf,
         to: str | None,
-        **answer: Any,
+        **answer: Unpack[AcceptFields],
     ) -> None:
         self.peer = peer
         self.half = half

@@ -20,9 +20,9 @@ from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
 from pairlink._config.limits import Limits, ListenLimits
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.listener import EngineOptions, Listener
+from pairlink._io.listener import Listener
 from pairlink._io.listener import listen as listen_amqp
-from pairlink._io.net import AmqpUrl, Connector
+from pairlink._io.net import AmqpUrl, Connector, EngineOptions
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0
 from pairlink._rpc.wire import CALL_ENVELOPE
