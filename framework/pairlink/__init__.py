@@ -22,7 +22,7 @@ from pairlink._client.client import Client, ServiceProxy, connect
 from pairlink._client.reply import Reply
 from pairlink._config.limits import Limits
 from pairlink._rpc.tracing import TraceContext, current_trace, use_trace
-from pairlink._server.context import CallContext, Middleware, Proceed, current_call
+from pairlink._server.context import CallContext, Middleware, Proceed, current_call, in_call
 from pairlink._server.service import handler, hosted, service
 from pairlink._server.serving import Server, open_server, remote, serve
 from pairlink._version import VERSION
@@ -67,6 +67,7 @@ __all__ = [
     "current_trace",
     "handler",
     "hosted",
+    "in_call",
     "open_server",
     "remote",
     "serve",

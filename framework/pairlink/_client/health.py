@@ -37,7 +37,7 @@ async def check_health(
 ) -> str:
     """Ask the server (or gateway) at ``url`` for its health (``SERVING`` or ``DRAINING``),
     connecting and calling within ``timeout`` seconds; ``options`` go to
-    :func:`pairlink._client.client.connect` (``ssl_context``...).
+    :func:`pairlink.connect` (``ssl_context``...).
 
     Raises ``TimeoutError``, ``OSError`` (refused, unreachable), or ``PairlinkError`` (the
     server refused the login or the call, or answered something that is not a status)."""

@@ -62,7 +62,7 @@ class GatewayConfig:
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
     hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
-    may make the gateway hold (the ``[limits]`` table, :class:`pairlink._config.limits.Limits`);
+    may make the gateway hold (the ``[limits]`` table, :class:`pairlink.Limits`);
     ``metrics_listen``: ``HOST:PORT`` of its Prometheus endpoint (None: no metrics)."""
 
     listen: str

@@ -94,7 +94,7 @@ def current_call() -> CallContext:
     """The context of the call the running handler serves (the same object for the whole call).
 
     Raises ``LookupError`` outside a handler: code that may run either way asks
-    ``pairlink._server.context.in_call()`` first.
+    :func:`in_call` first.
     """
     source = _current.get()
     if source is None:

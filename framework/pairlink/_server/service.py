@@ -286,14 +286,14 @@ def service(
     ``dedup_window``: seconds to keep the reply to each call whose message-id is a string (a
     caller's stable key, e.g. ``call_service(key=...)``); a repeat of that id within the
     window gets the kept reply and the handler does not run again. ``dedup_size``: replies
-    kept at most, the oldest dropped first, so memory stays bounded (:mod:`pairlink._server.dedup`).
+    kept at most, the oldest dropped first, so memory stays bounded.
     ``expose_errors``: exception types (subclasses included) any handler raises on purpose,
     e.g. ``(KeyError, ValueError)``: the caller gets their type and message in a 500, as it
     does a ``CallError``'s. Every other exception's text may hold secrets, so the caller gets
     "internal error" and a reference id, and the server logs the traceback under that id.
     ``debug_errors=True``: send every exception's type and message (for development only).
     ``middleware``: async callables ``mw(call, proceed)`` run around each call, the first
-    outermost, inside the server's own (:mod:`pairlink._server.context`).
+    outermost, inside the server's own (:data:`pairlink.Middleware`).
     """
     if not isinstance(address, str):
         raise TypeError(f'@service needs the address first: @service("name"), got {address!r}')

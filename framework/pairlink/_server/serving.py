@@ -56,7 +56,7 @@ class _Served:
 
 
 class Server:
-    """A running service container (see ``pairlink._server.serving.open_server``)."""
+    """A running service container (see :func:`open_server`)."""
 
     def __init__(
         self,
@@ -327,9 +327,9 @@ async def open_server(
     serves the ``amqps://`` listeners (and, verifying client certificates, logs in the
     ``certificate_users`` option's names with SASL EXTERNAL); ``call_url`` is where
     :func:`remote` connects (default: this server); ``limits`` bounds what peers can make the
-    server hold (:class:`pairlink._config.limits.Limits`, every field documented with its default;
+    server hold (:class:`pairlink.Limits`, every field documented with its default;
     each listener keeps its own ``max_connections``); ``options`` go to
-    :func:`pairlink._io.listener.listen` (``idle_timeout``...) and override ``limits``.
+    the listeners (``idle_timeout``, ``max_frame_size``...) and override ``limits``.
     ``metrics_listen`` (``HOST:PORT``, port 0 allowed) serves Prometheus metrics over HTTP
     there (``server.metrics_url``; needs ``prometheus_client``, the ``metrics`` extra).
     ``middleware``: async callables ``mw(call, proceed)`` around every call of every service

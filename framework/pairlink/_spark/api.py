@@ -41,7 +41,7 @@ def local_session(
     """A local SparkSession set up for pairlink: the workers run this interpreter
     (``PYSPARK_PYTHON``: another one would import another trio, or none), Spark binds
     127.0.0.1 (``SPARK_LOCAL_IP``), and Spark's own console progress bar is off so that
-    :class:`~pairlink._spark.progress.Progress` can draw. ``conf``: more Spark settings."""
+    :class:`~pairlink.spark.Progress` can draw. ``conf``: more Spark settings."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -118,7 +118,7 @@ def call_service(
     succeeded) with null results.
     Either way a call that gets no answer at all (the service unreachable, the row's timeout
     passed) fails the task, which Spark may retry. ``progress``: report rows to that
-    :class:`~pairlink._spark.progress.Progress`.
+    :class:`~pairlink.spark.Progress`.
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
