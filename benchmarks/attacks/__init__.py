@@ -24,6 +24,10 @@ is under way, and the table says what it sees.
 - ``silent``: 1,500 TCP connections that never send a byte, against a server whose file limit
   is 1,024 (a common default). Reports how many are still open after the handshake timeout
   (a non-blocking read returning EOF means closed); the normal client connects afresh per call.
+- ``hoarders``: 50 connections (5 with ``--quick``), one paired request link each to echo,
+  that take their credit and never send nor answer a drain, kept alive by heartbeats for 15 s;
+  the normal client connects afresh per call, so it needs new credit every time. Reports which
+  links the server detached, and with what condition.
 - ``wrong-passwords``: 100 wrong-password logins one after another from 127.0.0.1, timed,
   while a right login from 127.0.0.2 is timed every 0.5 s (the "normal client" of this row).
 
@@ -34,7 +38,7 @@ up to ~5 where calls time out; ``--quick`` takes under a minute.
 
 The package: :mod:`.phases` (the bound of every wait), :mod:`.wire` (the attackers' hand-written
 AMQP peer and the requests they send), :mod:`.children` (server and normal-client processes,
-RSS), :mod:`.attacks` (the six attacks and how hard they push), ``__main__`` (the driver and the
+RSS), :mod:`.attacks` (the seven attacks and how hard they push), ``__main__`` (the driver and the
 table).
 
 Run: ``python -m benchmarks.attacks [--quick] [--seconds N] [--attack NAME[,NAME...]]``

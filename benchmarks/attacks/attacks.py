@@ -9,6 +9,7 @@ import resource
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import attrs
 import trio
@@ -69,6 +70,8 @@ AFTERMATH = 1.0
 """Seconds the normal client goes on after the decode bomb was answered (what it left behind)."""
 LOGIN_EVERY = 0.5
 """Seconds between two right logins from 127.0.0.2 during the password attack."""
+HEARTBEAT = 1.0
+"""Seconds between the hoarders' heartbeats (well within any idle timeout)."""
 LOGINS_CAP = 120.0
 """Seconds the wrong logins may take in all; the row says how many were tried by then."""
 
@@ -92,6 +95,8 @@ class Plan:
     partial_seconds: float = 40.0
     links: int = 10_000
     hold: float = 10.0  # seconds the many-links attack holds its calls
+    hoarders: int = 50  # connections of the hoarding attack, one request link each
+    hoard: float = 15.0  # seconds they hold their credit: past the 5 s drain timeout
     silent: int = 1_500
     silent_wait: float = 15.0  # past the default handshake timeout of 10 s
     logins: int = 100
@@ -105,6 +110,8 @@ QUICK = Plan(
     partial_seconds=10.0,
     links=2_000,
     hold=4.0,
+    hoarders=5,
+    hoard=8.0,
     silent_wait=12.0,
     logins=20,
 )
@@ -413,6 +420,44 @@ async def many_links(ctx: Ctx) -> str:
     return verdict
 
 
+def _attached(wire: Wire, name: str) -> Callable[[], bool]:
+    return lambda: wire.seen(0, name, ROLE_RECEIVER) is not None
+
+
+async def hoarders(ctx: Ctx) -> str:
+    count = ctx.plan.hoarders
+    async with AsyncExitStack() as stack:
+        wires = [await stack.enter_async_context(wire_to(ctx.url)) for _ in range(count)]
+        for k, wire in enumerate(wires):
+            await stack.enter_async_context(wire.reading())
+            wire.begin(0)
+            wire.pair(0, f"hoard-{k}", "echo", 0, 1)
+            await wire.flush()
+        with phase(f"attaching {count} hoarding links", STEP_TIMEOUT):
+            for k, wire in enumerate(wires):
+                await wire.wait_until(_attached(wire, f"hoard-{k}"), STEP_TIMEOUT)
+        started = trio.current_time()
+        with ctx.push(ctx.plan.hoard):
+            while True:  # never a transfer, never a drain answered: heartbeats only
+                await trio.sleep(HEARTBEAT)
+                for wire in wires:
+                    wire.heartbeat()
+                    await wire.flush()
+        held = trio.current_time() - started
+        await ctx.probed()
+        links = [wire.seen(0, f"hoard-{k}", ROLE_RECEIVER) for k, wire in enumerate(wires)]
+    credited = sum(1 for link in links if link is not None and link.max_credit > 0)
+    gone = Counter(said(link.detach.error, full=False) for link in links if link and link.detach)
+    ctx.details.append(
+        f"{count} connections, one request link each; credit granted to {credited}; held "
+        f"{held:.1f} s with heartbeats every {HEARTBEAT:g} s; detached: "
+        + (", ".join(f"{n}x {c}" for c, n in gone.items()) or "none")
+    )
+    if gone:
+        return f"revoked {sum(gone.values())} of {count} links' credit"
+    return f"{credited} of {count} links kept their credit {held:.0f} s"
+
+
 def _closed(stream: trio.SocketStream) -> bool:
     """A non-blocking read: EOF (or a reset) means the server has closed this connection."""
     try:
@@ -565,6 +610,7 @@ ATTACKS = {
         many_links, (*SERVE, "services.echo"), "persistent", lambda plan: plan.hold + 300
     ),
     "silent": Attack(silent, (*SERVE, "services.echo"), "fresh", lambda p: p.silent_wait + 120),
+    "hoarders": Attack(hoarders, (*SERVE, "services.echo"), "fresh", lambda p: p.hoard + 90),
     "wrong-passwords": Attack(
         wrong_passwords,
         ("benchmarks.attacks", "--child", "serve-users"),

@@ -18,6 +18,12 @@ from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
 from pairlink._io.net import EngineLimits
 from pairlink._io.writes import MAX_OUTGOING_BYTES
 
+DRAIN_TIMEOUT = 5.0
+"""Seconds a request link has to answer a drain (send what it can, give the rest of its credit
+back) before the service takes the credit back itself: the link is detached with
+``amqp:resource-limit-exceeded`` and its slots return to the mailbox. An honest peer answers in
+one round trip; this bounds how long one that never does can keep others waiting."""
+
 
 class ListenLimits(EngineLimits, total=False):
     """The keywords of :func:`pairlink._io.listener.listen` that :meth:`Limits.listen_options`
@@ -40,7 +46,8 @@ class Limits:
     ``login_penalty``: seconds between login attempts from an address that just failed one.
     ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``,
     ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
-    (``ConnectionConfig``).
+    (``ConnectionConfig``). ``drain_timeout``: seconds a caller's request link has to answer
+    a service's drain before its credit is revoked (services only).
     """
 
     handshake_timeout: float = HANDSHAKE_TIMEOUT
@@ -53,6 +60,7 @@ class Limits:
     max_decoded_elements: int = MAX_ELEMENTS
     handle_max: int = HANDLE_MAX
     max_links: int = MAX_LINKS
+    drain_timeout: float = DRAIN_TIMEOUT
 
     def engine_options(self) -> EngineLimits:
         """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""

@@ -61,7 +61,7 @@ says, each checked where it is read."""
 
 _TLS_KEYS = ("cert", "key", "client_ca")
 _USER_KEYS = ("password_env", "certificate")
-_LIMIT_SECONDS = ("handshake_timeout", "login_penalty")
+_LIMIT_SECONDS = ("handshake_timeout", "login_penalty", "drain_timeout")
 _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_connections": "connections",
     "max_outgoing_bytes": "bytes",

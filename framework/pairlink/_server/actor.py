@@ -52,6 +52,7 @@ from pairlink._amqp.messaging import (
     Rejected,
     decode_head,
 )
+from pairlink._config.limits import DRAIN_TIMEOUT
 from pairlink._rpc import deadline, spans, wire
 from pairlink._rpc.tracing import TRACEPARENT
 from pairlink._rpc.wire import (
@@ -90,8 +91,14 @@ log = get_logger("pairlink.service")
 class Actor:
     """One served instance: its mailbox, its workers, and the credit of its request links."""
 
-    def __init__(self, hosted: Hosted, middleware: Sequence[Middleware] = ()) -> None:
-        """``middleware``: the server's, run outside the service's own."""
+    def __init__(
+        self,
+        hosted: Hosted,
+        middleware: Sequence[Middleware] = (),
+        drain_timeout: float = DRAIN_TIMEOUT,
+    ) -> None:
+        """``middleware``: the server's, run outside the service's own; ``drain_timeout``: how
+        long a caller's link may ignore a drain before its credit is revoked."""
         spec = hosted.spec
         self.instance = hosted.instance
         self.address = spec.address
@@ -101,7 +108,7 @@ class Actor:
         self.debug_errors = spec.debug_errors
         self.bound = spec.mailbox
         self.log = log.bind(service=spec.address)
-        self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox)
+        self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox, drain_timeout)
         self.running = 0
         # its own pool, not trio's process-wide one (40): no service waits on another's threads
         self._threads = ThreadPool(spec.max_concurrency, spec.address)

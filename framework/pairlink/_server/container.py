@@ -116,6 +116,22 @@ class RequestLink(LinkOwner):
         if self.end.usable:
             self.end.conn.flow(self.end.link, credit, drain=True)
 
+    def revoke(self, error: Error) -> None:
+        """The mailbox takes back the credit of this link, which ignored a drain: detached
+        with ``error``, and the holder named in the log."""
+        if self.end.usable:
+            conn = self.end.conn
+            log.warning(
+                "credit.revoked",
+                service=self.actor.address,
+                conn=conn.id,
+                peer=conn.peer,
+                user=conn.sasl_identity,
+                link=self.end.link.name,
+                credit=self.ledger.granted,
+            )
+            conn.detach(self.end.link, error=error)
+
     def release(self) -> None:
         """A call that came on this link no longer holds its mailbox slot: the one place a
         slot is freed (the mailbox's, which grants it again, or ends a drain)."""

@@ -24,7 +24,10 @@ credit). So credit is taken back with a *drain* (Part 2 §2.6.7): the sender sen
 and returns the rest by advancing its delivery-count; until its transfers or its flow say so,
 the slots stay counted. A connection's link holding more than its part is drained while another
 of its links waits, and so are the links of callers above their share while a caller below its
-share waits. A sender that ignores drains keeps what it was granted, never more.
+share waits. Credit is a lease: a link that has not answered its drain
+``drain_timeout`` seconds later (:data:`pairlink._config.limits.DRAIN_TIMEOUT`) loses it, detached
+with ``amqp:resource-limit-exceeded``, and its slots go to those waiting. So a caller that
+takes credit and never uses or returns it delays the others by that long at most.
 
 A link is topped up when its credit falls to half its part, in batches: at once for a link with
 no credit left, otherwise after a quarter of the mailbox has freed up or when nothing is queued.
@@ -37,6 +40,7 @@ delays another's call by one turn of each caller at most, not by the backlog.
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Any, Generic, Protocol, TypeVar
@@ -44,10 +48,18 @@ from typing import Any, Generic, Protocol, TypeVar
 import attrs
 import trio
 
+from pairlink._amqp.errors import RESOURCE_LIMIT_EXCEEDED
 from pairlink._amqp.link import Link, serial_diff
+from pairlink._amqp.messaging import Error
+from pairlink._config.limits import DRAIN_TIMEOUT
 from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.service")
+
+_REVOKED = (
+    "credit revoked: the link did not answer a drain within {:g} s (send what you can, then "
+    "give the rest of the credit back: a flow with drain)"
+)
 
 RESERVE_DIVISOR = 32
 """A mailbox keeps ``bound // RESERVE_DIVISOR`` slots for callers that hold nothing (4 of the
@@ -68,7 +80,7 @@ CallT = TypeVar("CallT")
 
 class CreditedLink(Protocol):
     """A request link as the mailbox sees it (:class:`pairlink._server.container.RequestLink`):
-    the mailbox counts its credit and sets it."""
+    the mailbox counts its credit, sets it, and revokes it from a link that ignores a drain."""
 
     ledger: Ledger
 
@@ -78,6 +90,7 @@ class CreditedLink(Protocol):
     def link(self) -> Link: ...
     def set_credit(self, credit: int) -> None: ...
     def drain(self, credit: int) -> None: ...
+    def revoke(self, error: Error) -> None: ...
 
 
 @attrs.define(eq=False)
@@ -105,14 +118,16 @@ class Ledger:
     counted: int  # the link's delivery-count when its credit was last accounted
     granted: int = 0  # credit held out on the link and not yet seen used
     draining: bool = False  # asked to send what it has or give the credit back
+    drain_due: float = math.inf  # while draining: when the credit is revoked if still held
 
 
 class Mailbox(Generic[CallT]):
     """The slots of one service, the credit of its request links, and its queue of calls
     (``CallT``: whatever the actor queues)."""
 
-    def __init__(self, bound: int) -> None:
+    def __init__(self, bound: int, drain_timeout: float = DRAIN_TIMEOUT) -> None:
         self.bound = bound
+        self.drain_timeout = drain_timeout
         self.reserve = bound // RESERVE_DIVISOR
         # by connection, while it has links or calls
         self.callers: dict[Hashable, Caller[CallT]] = {}
@@ -127,6 +142,8 @@ class Mailbox(Generic[CallT]):
         self._waiting: dict[Caller[CallT], None] = {}  # callers with hungry links, in turn order
         self._blocked: dict[CreditedLink, None] = {}  # hungry links with no credit at all
         self._credited: dict[CreditedLink, None] = {}  # links holding credit
+        self._draining: dict[CreditedLink, None] = {}  # links asked to drain, oldest first
+        self.revoked = 0  # links whose credit was revoked (they ignored a drain)
         self._ready: dict[Caller[CallT], None] = {}  # callers with queued calls, in turn order
         self._batch = max(1, bound // 4)
         self._freed = 0  # slots freed since credit was last handed out
@@ -183,6 +200,7 @@ class Mailbox(Generic[CallT]):
         self._freed += ledger.granted
         self._take(origin, ledger.granted)
         self._blocked.pop(origin, None)
+        self._draining.pop(origin, None)
         caller.hungry.pop(origin, None)
         del caller.links[origin]
         if not caller.links:
@@ -207,7 +225,7 @@ class Mailbox(Generic[CallT]):
         low = (self.bound - self.reserve) // (self._linked or 1) // (len(caller.links) or 1) // 2
         if ledger.granted <= low:
             if ledger.draining and not ledger.granted:
-                ledger.draining = False  # the drain is over: all of the credit was used
+                self._drained(origin)  # the drain is over: all of the credit was used
             self._want(origin)
 
     def flowed(self, origin: CreditedLink) -> None:
@@ -220,7 +238,7 @@ class Mailbox(Generic[CallT]):
         if ledger.granted < before:
             self._freed += before - ledger.granted
             if not ledger.granted:
-                ledger.draining = False
+                self._drained(origin)
                 self._want(origin)  # at the back of its turn: it showed it had nothing to send
             elif self._waiting:
                 self._replenish()
@@ -269,10 +287,14 @@ class Mailbox(Generic[CallT]):
 
     async def granter(self) -> None:
         """Hands out credit once per scheduler batch: every slot freed in one burst (a run of
-        replies flushed by one flow frame, several workers finishing) makes one flow per link."""
+        replies flushed by one flow frame, several workers finishing) makes one flow per link.
+        Revokes the credit of links whose drain is overdue, when it falls due."""
         while not self.closed:
-            await self._grant_soon.wait()
-            self._grant_soon = trio.Event()
+            with trio.move_on_at(self._next_due()):
+                await self._grant_soon.wait()
+            if self._grant_soon.is_set():
+                self._grant_soon = trio.Event()
+            self._revoke_overdue(trio.current_time())
             self.distribute()
 
     def distribute(self) -> None:
@@ -425,11 +447,38 @@ class Mailbox(Generic[CallT]):
         if ledger.draining or not origin.usable:
             return
         ledger.draining = True
+        if not self.closed:  # stopping: what it sends is answered 503, whenever it comes
+            ledger.drain_due = trio.current_time() + self.drain_timeout
+            self._draining[origin] = None
         ledger.caller.hungry.pop(origin, None)
         self._blocked.pop(origin, None)
         credit = self._unused(origin)
         log.debug("credit.drain", link=origin.link.name, credit=credit, closing=self.closed)
         origin.drain(credit)
+
+    def _drained(self, origin: CreditedLink) -> None:
+        """``origin`` answered its drain (used or returned all of its credit)."""
+        origin.ledger.draining = False
+        origin.ledger.drain_due = math.inf
+        self._draining.pop(origin, None)
+
+    def _next_due(self) -> float:
+        """When the oldest drain falls due (``inf``: none is pending)."""
+        for origin in self._draining:
+            return origin.ledger.drain_due
+        return math.inf
+
+    def _revoke_overdue(self, now: float) -> None:
+        """Take the credit back from every link whose drain is overdue: detached, so that its
+        slots are free however its peer behaves (the oldest drains come first)."""
+        while self._draining:
+            origin = next(iter(self._draining))
+            ledger = origin.ledger
+            if ledger.drain_due > now:
+                return
+            self.revoked += 1
+            origin.revoke(Error(RESOURCE_LIMIT_EXCEEDED, _REVOKED.format(self.drain_timeout)))
+            self.detach(origin)  # (also forgets the drain)
 
     def _forget(self, caller: Caller[CallT]) -> None:
         if self.callers.get(caller.conn) is caller:

@@ -18,7 +18,7 @@ from pairlink._amqp.link import Link, LinkState
 from pairlink._client.client import Client, ServiceProxy
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
-from pairlink._config.limits import Limits, ListenLimits
+from pairlink._config.limits import DRAIN_TIMEOUT, Limits, ListenLimits
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import Listener
 from pairlink._io.listener import listen as listen_amqp
@@ -71,17 +71,20 @@ class Server:
         listen_options: ListenOptions,
         metrics_listen: str | None = None,
         middleware: Sequence[Middleware] = (),
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.hosted = list(hosted)
         actors: dict[str, Actor] = {}
         for item in self.hosted:
             if item.address in actors:
                 raise ValueError(f"two services at the address {item.address!r}")
-            actors[item.address] = Actor(item, middleware)  # not the health's: probes pass
+            # not the health's middleware: probes pass
+            actors[item.address] = Actor(item, middleware, drain_timeout)
         if HEALTH in actors:
             raise ValueError(f"{HEALTH!r} is the address of the server's own health service")
         self.health = Health(list(actors))
-        self._health_actor = Actor(Hosted(self.health, spec_of(self.health)))  # own mailbox
+        health = Hosted(self.health, spec_of(self.health))
+        self._health_actor = Actor(health, drain_timeout=drain_timeout)  # its own mailbox
         builtin = {HEALTH: self._health_actor}
         self.container = Container(actors | builtin, container_id or f"pairlink-{uuid.uuid4()}")
         self.actors = actors  # the user's services (what a graceful stop drains)
@@ -336,6 +339,7 @@ async def open_server(
     (not the health checks), the first outermost, outside each service's own.
     """
     served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
+    bounds = limits or Limits()
     urls = [listen] if listen is None or isinstance(listen, str) else list(listen)
     if not urls:
         raise ValueError("listen: no URLs (None serves in memory only)")
@@ -347,7 +351,8 @@ async def open_server(
         grace=grace,
         container_id=container_id,
         call_url=call_url,
-        listen_options={**(limits or Limits()).listen_options(), **options},
+        listen_options={**bounds.listen_options(), **options},
+        drain_timeout=bounds.drain_timeout,
         metrics_listen=metrics_listen,
         middleware=check_middleware("open_server", middleware),
     )
