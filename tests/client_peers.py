@@ -21,7 +21,7 @@ from pairlink._amqp.events import Event, LinkAttachRequested, MessageReceived
 from pairlink._amqp.framing import FrameReader
 from pairlink._amqp.link import Delivery, Link
 from pairlink._amqp.messaging import Accepted, Message
-from pairlink._amqp.performatives import ROLE_SENDER, Attach, Transfer
+from pairlink._amqp.performatives import ROLE_SENDER, Attach, Close, Transfer
 from pairlink._rpc import deadline, wire
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0
 
@@ -148,6 +148,8 @@ class RawPeer:
                 return
             reads += 1
             self._record(data, reads)
+            if self.server.deaf_to_close and self.performatives(Close):
+                continue
             if self._holding:
                 self._held += data
                 if not any(isinstance(p, Transfer) for _, p in self.frames):
@@ -210,7 +212,8 @@ class RawServer:
     ``on_request``: what happens to each request (it may reply later, or never);
     ``outcome``: the disposition of an unsettled request; ``hold_links``: read nothing the
     client sends from its first attach on until its first transfer has arrived (a client that
-    waits for an answer before sending then never sends: the test sees it hang).
+    waits for an answer before sending then never sends: the test sees it hang);
+    ``deaf_to_close``: never answer the client's close (nor read past it), keeping the socket.
     """
 
     def __init__(
@@ -222,6 +225,7 @@ class RawServer:
         outcome: Callable[[Incoming], Any] = lambda _incoming: Accepted(),
         hold_links: bool = False,
         credit: int = 100,
+        deaf_to_close: bool = False,
     ) -> None:
         self.offer = offer
         self.answer = answer
@@ -229,6 +233,7 @@ class RawServer:
         self.outcome = outcome
         self.hold_links = hold_links
         self.credit = credit
+        self.deaf_to_close = deaf_to_close
         self.peers: list[RawPeer] = []
         self.port = 0
         self.connected = trio.Event()

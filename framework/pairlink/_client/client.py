@@ -60,6 +60,13 @@ log = get_logger("pairlink.client")
 
 T = TypeVar("T")
 
+CONNECT_TIMEOUT = 30.0
+"""Seconds connecting may take when neither ``connect_timeout`` nor ``timeout`` bounds it."""
+CLOSE_WAIT = 1.0
+"""Seconds leaving ``connect()`` waits for the peer to answer our close before it drops the
+socket: the close frame has gone out either way, so a peer that never answers (a wedged or
+hostile one) costs the caller this long at most."""
+
 
 class Client:
     """A connection to a service container, shared by any number of tasks. Get one from
@@ -151,7 +158,7 @@ class Client:
         with trio.move_on_after(self.connect_timeout) as scope:
             amqp: AmqpConnection = await self._nursery.start(self._hold)
         if scope.cancelled_caught:
-            raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout} s")
+            raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout:g} s")
         offered = amqp.remote_offered_capabilities
         paired = offers_pairing(offered)
         encoding = wire.peer_encoding(offered)
@@ -448,7 +455,7 @@ class Client:
             return
         self._closed = True
         if self._conn is not None and self._conn.alive:
-            await self._conn.amqp.close()
+            await self._conn.amqp.close(grace=CLOSE_WAIT)
 
 
 @attrs.frozen
@@ -565,11 +572,18 @@ class ConnectOptionsExceptConnector(_ClientSettings, total=False):
     (the in-memory client of :mod:`pairlink.testing`)."""
 
     timeout: float | None
-    connect_timeout: float
+    connect_timeout: float | None
 
 
 class ConnectOptions(ConnectOptionsExceptTimeouts, ConnectOptionsExceptConnector, total=False):
     """Every keyword of ``connect``: what the blocking client takes."""
+
+
+def _connect_timeout(timeout: float | None, connect_timeout: float | None) -> float:
+    """How long connecting may take: ``connect_timeout`` if given, else the calls' timeout."""
+    if connect_timeout is not None:
+        return connect_timeout
+    return CONNECT_TIMEOUT if timeout is None else timeout
 
 
 @asynccontextmanager
@@ -581,7 +595,7 @@ async def connect(
     reconnect: bool = True,
     encoding: Encoding | None = None,
     reply_credit: int = 1000,
-    connect_timeout: float = 30.0,
+    connect_timeout: float | None = None,
     retry_delay: float = 0.1,
     max_retry_delay: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
@@ -590,7 +604,11 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """Connect to the container at ``amqp[s]://[user:password@]host[:port]``.
 
-    ``timeout``: default per-call timeout in seconds (None: none). ``settled``: requests go
+    ``timeout``: default per-call timeout in seconds (None: none); it bounds connecting as
+    well, unless ``connect_timeout`` says otherwise (with no ``timeout`` either:
+    ``CONNECT_TIMEOUT``, 30 s): TCP, TLS, SASL and the peer's open, each (re)connection.
+    Leaving the block closes the connection, waiting ``CLOSE_WAIT`` (1 s) at most for the
+    peer's answer. ``settled``: requests go
     pre-settled (the reply is the acknowledgement); False sends them unsettled and checks the
     service's disposition. ``reconnect`` (default, as gRPC channels and Proton containers
     do): once the connection is lost, new calls reconnect with jittered exponential backoff
@@ -617,7 +635,7 @@ async def connect(
                 reconnect=reconnect,
                 encoding=encoding,
                 reply_credit=reply_credit,
-                connect_timeout=connect_timeout,
+                connect_timeout=_connect_timeout(timeout, connect_timeout),
                 retry_delay=retry_delay,
                 max_retry_delay=max_retry_delay,
                 ssl_context=ssl_context,
