@@ -43,6 +43,7 @@ from pairlink.errors import (
     ConnectionLostError,
     LinkDetachedError,
     PairlinkError,
+    RemoteError,
 )
 from services.echo import Echo
 from tests.gateway.chain import (
@@ -296,6 +297,22 @@ async def test_lp11_user_not_allowed_on_the_route_is_unauthorized(chain: Chain) 
     assert caught.value.condition == conditions.UNAUTHORIZED_ACCESS
     assert CLIENT_ID.encode() not in chain.gn_go.all_bytes()
     assert not requests_on(chain.gn_go.up(), "echo")
+
+
+async def test_health_tells_a_user_only_of_the_routes_it_may_use(chain: Chain) -> None:
+    """A route a user may not use is, to that user's health checks, a route that does not
+    exist: a 404 like an unknown name, not its state (issue 22)."""
+    async with connect(chain.url_as(GUEST_USER, GUEST_PASSWORD)) as guest:
+        with trio.fail_after(10), pytest.raises(RemoteError) as denied:
+            await guest.call("$health", "check", service=PUBLIC)
+        with trio.fail_after(10), pytest.raises(RemoteError) as unknown:
+            await guest.call("$health", "check", service="no-such-route")
+        assert await guest.call("$health", "check") == {"status": "serving"}
+    assert (denied.value.status, unknown.value.status) == (404, 404)
+    assert denied.value.message == f"no route at the address {PUBLIC!r}"
+    async with connect(chain.url_as(APPS_USER, APPS_PASSWORD)) as apps:
+        with trio.fail_after(10):
+            assert await apps.call("$health", "check", service=PUBLIC) == {"status": "serving"}
 
 
 async def test_lp11_bad_inbound_password_is_refused_at_sasl(

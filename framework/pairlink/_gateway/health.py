@@ -3,7 +3,8 @@
 
 A pair a peer opens to ``$health`` is answered here, never relayed: ``check`` says
 ``serving``, or, naming one of the gateway's routes, ``serving`` while that route's next hop is
-connected and a 503 while it is not (the gateway is up, but the route is broken). Such a pair
+connected and a 503 while it is not (the gateway is up, but the route is broken); a route the
+peer's user may not use (its ``allow`` list) is a 404, as an unknown name is. Such a pair
 takes no place in ``max_pairs``: nothing is carried, and what a peer can hold here is bounded
 by the credit of its request link.
 """
@@ -104,8 +105,10 @@ class HealthPair(LinkOwner):
         if not isinstance(service, str) or len(request.args) + len(request.kwargs) > 1:
             raise CallError(wire.BAD_REQUEST, "check takes one optional route name")
         if service:
+            route = self.context.routes.get(service)
             upstream = self.context.upstreams.get(service)
-            if upstream is None:
+            if route is None or upstream is None or not self.downstream.may_use(route):
+                # a route this user may not use does not exist for it: no state, no hint
                 raise CallError(NOT_FOUND, f"no route at the address {service!r}")
             if not upstream.up:
                 raise CallError(UNAVAILABLE, f"the next hop of {service!r} is unreachable")
