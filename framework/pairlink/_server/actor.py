@@ -79,13 +79,17 @@ from pairlink._server.calls import (
 )
 from pairlink._server.context import Middleware, handling, through
 from pairlink._server.dedup import DedupStore
-from pairlink._server.mailbox import CreditedLink, Mailbox
+from pairlink._server.mailbox import RESERVE_DIVISOR, Caller, CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
 from pairlink._telemetry.logs import get_logger, new_ref
 from pairlink.errors import CallError, PayloadError
 
 log = get_logger("pairlink.service")
+
+
+def _runs_nothing(caller: Caller[Call]) -> bool:
+    return caller.running == 0
 
 
 class Actor:
@@ -110,6 +114,11 @@ class Actor:
         self.log = log.bind(service=spec.address)
         self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox, drain_timeout)
         self.running = 0
+        # running slots kept for callers that run nothing (2 of 64), as the mailbox keeps
+        # slots for callers that hold nothing: one caller's backlog of slow calls never takes
+        # them all, and a quick call of another starts at once (none below RESERVE_DIVISOR)
+        self.reserve = spec.max_concurrency // RESERVE_DIVISOR
+        self._shared = spec.max_concurrency - self.reserve
         # its own pool, not trio's process-wide one (40): no service waits on another's threads
         self._threads = ThreadPool(spec.max_concurrency, spec.address)
         self._handed: deque[Call] = deque()  # taken from the mailbox for a worker task to run
@@ -218,7 +227,7 @@ class Actor:
                 operation.mode != "async"
                 and not self.middleware  # middleware is async: it runs in a worker task
                 and self.mailbox.queued == 0
-                and self.running < self.max_concurrency
+                and self._may_start(origin.ledger.caller)
             ):
                 # it can start at once, and needs no task (an inline one holds the event loop
                 # wherever it runs): starting it here saves the mailbox hop and a task switch
@@ -416,13 +425,20 @@ class Actor:
         thread's call ending starts the next one without a worker's task switch."""
         mailbox = self.mailbox
         while mailbox.queued and (self.running < self.max_concurrency or self.aborting):
-            call = mailbox.dequeue()
+            if self.running < self._shared or self.aborting:
+                call = mailbox.dequeue()
+            else:  # only the reserve is left: for a caller running nothing
+                found = mailbox.dequeue_first(_runs_nothing)
+                if found is None:
+                    break
+                call = found
             if not self._startable(call):
                 continue
             if call.operation.mode != "async" and not self.middleware:
                 self._start(call)
             else:
                 self.running += 1
+                call.origin.ledger.caller.running += 1
                 self._handed.append(call)
                 self._wake_worker()
         if self.stopping and not mailbox.queued:
@@ -473,7 +489,7 @@ class Actor:
         """A call that needs a task (``async def``, or middleware): in this worker's, under its
         deadline; its room was taken when it was handed over."""
         if self.aborting:  # handed over just before the grace period ran out
-            self._ended()
+            self._ended(call)
             self._answer(call, Answer(UNAVAILABLE, "shutting down"))
             return
         request = call.request
@@ -496,7 +512,7 @@ class Actor:
             self._failed(call, exc)
             return
         finally:
-            self._ended()
+            self._ended(call)
         if scope.cancelled_caught:
             self._answer(call, self._cut_short())
         else:
@@ -505,6 +521,8 @@ class Actor:
     def _start(self, call: Call) -> None:
         """Start a plain ``def``'s call (no middleware): inline, run now; else in a thread."""
         self.running += 1
+        caller = call.origin.ledger.caller
+        caller.running += 1
         if call.operation.mode == "thread":
             self._threads.submit(self._serve, call, self._ran)
             return
@@ -515,6 +533,7 @@ class Actor:
             return
         finally:
             self.running -= 1
+            caller.running -= 1
         self._answer(call, Answer(OK, "OK", value))
 
     def _serve(self, call: Call) -> object:
@@ -525,18 +544,25 @@ class Actor:
     def _ran(self, call: Call, result: Result[object]) -> None:
         """A thread's call ended (nothing cuts a thread short): its outcome is the answer,
         written at once when it is the last one out (a lone call: no writer wake-up)."""
-        self._ended()
+        self._ended(call)
         if isinstance(result, outcome.Error):
             self._failed(call, result.error)
         else:
             answer = Answer(OK, "OK", result.value)
             self._answer(call, answer, through=not self._threads.outstanding)
 
-    def _ended(self) -> None:
+    def _ended(self, call: Call) -> None:
         """A running call ended: its room goes to the next queued call."""
         self.running -= 1
+        call.origin.ledger.caller.running -= 1
         if self.mailbox.queued:
             self._take_queued()
+
+    def _may_start(self, caller: Caller[Call]) -> bool:
+        """Whether a call of ``caller`` may start now: in a shared slot, or, for a caller that
+        runs nothing, in the reserve (so no caller's backlog takes every running slot)."""
+        running = self.running
+        return running < self._shared or (running < self.max_concurrency and caller.running == 0)
 
     def _failed(self, call: Call, exc: BaseException) -> None:
         """A handler raised. The caller learns what the service chose to tell: a

@@ -42,7 +42,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
@@ -102,6 +102,7 @@ class Caller(Generic[CallT]):
     hungry: dict[CreditedLink, None] = attrs.field(factory=dict)  # those wanting credit, in turn
     queue: deque[CallT] = attrs.field(factory=deque)  # its calls waiting for a worker
     held: int = 0  # its calls in the mailbox
+    running: int = 0  # those of them running now (the actor counts them)
     credit: int = 0  # credit its links hold, unused
 
     @property
@@ -275,7 +276,17 @@ class Mailbox(Generic[CallT]):
 
     def dequeue(self) -> CallT:
         """The next call to run: the oldest of the caller whose turn it is."""
-        caller = next(iter(self._ready))
+        return self._take_from(next(iter(self._ready)))
+
+    def dequeue_first(self, admits: Callable[[Caller[CallT]], bool]) -> CallT | None:
+        """The oldest call of the first caller in turn that ``admits`` takes (None: no
+        caller with queued calls does); the others keep their places."""
+        for caller in self._ready:
+            if admits(caller):
+                return self._take_from(caller)
+        return None
+
+    def _take_from(self, caller: Caller[CallT]) -> CallT:
         call = caller.queue.popleft()
         del self._ready[caller]
         if caller.queue:
