@@ -22,7 +22,6 @@ from pairlink._rpc.deadline import wall_time
 from pairlink._rpc.payload import Encoding
 from pairlink._server.metrics import UNKNOWN_OPERATION
 from pairlink._telemetry.metrics import parse_listen
-from pairlink._telemetry.metrics_http import MAX_SCRAPES, READ_TIMEOUT
 from pairlink.errors import CallError, MetricsUnavailable, RemoteError
 from tests.scraping import Scrape, http_get, scrape
 from tests.service_peers import wait_for
@@ -248,39 +247,6 @@ async def test_the_endpoint_speaks_enough_http() -> None:
         assert status.startswith("HTTP/1.1 200")
         assert headers["content-type"].startswith("application/openmetrics-text")
         assert body.endswith(b"# EOF\n")
-
-
-async def test_silent_scrapers_hold_a_bounded_number_of_places() -> None:
-    async with open_server(Calc, listen=URL, metrics_listen=METRICS) as server:
-        url = server.metrics_url
-        assert url is not None
-        port = int(url.split("/")[2].split(":")[1])
-        silent = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(MAX_SCRAPES + 1)]
-        closed: list[int] = []
-        one_closed = trio.Event()
-
-        async def watch(index: int) -> None:
-            if await silent[index].receive_some() == b"":
-                closed.append(index)
-                one_closed.set()
-
-        async with trio.open_nursery() as nursery:
-            for index in range(len(silent)):
-                nursery.start_soon(watch, index)
-            with trio.fail_after(READ_TIMEOUT / 2):  # long before the silent ones time out
-                await one_closed.wait()
-            nursery.cancel_scope.cancel()
-        assert len(closed) == 1  # the one past MAX_SCRAPES, closed at once
-        for stream in silent:
-            await stream.aclose()
-        with trio.fail_after(10):  # their places are given back
-            while True:
-                try:
-                    if (await http_get(url))[0].startswith("HTTP/1.1 200"):
-                        break
-                except trio.BrokenResourceError:
-                    pass  # refused while the closed ones were still being noticed
-                await trio.sleep(0.01)
 
 
 def test_serve_metrics_listen_on_the_command_line() -> None:
