@@ -7,71 +7,116 @@ import functools
 import pytest
 import trio
 
-from pairlink import Client, RemoteError, connect, handler, open_server, service
+from pairlink import (
+    CallContext,
+    Client,
+    Proceed,
+    RemoteError,
+    connect,
+    handler,
+    open_server,
+    service,
+)
 from pairlink._client import blocking
 from pairlink._server.calls import Answer
-from pairlink._server.dedup import DedupStore
+from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId
 from pairlink.errors import CallError
 from pairlink.spark import serve_in_thread
+from tests.scraping import scrape
 
 OK = Answer(200, "OK", {"score": 1.0})
 
 # -- the store ---------------------------------------------------------------------------------
 
 
+F = b"fingerprint"  # what the calls ask (operation and arguments, digested)
+
+
+def key(mid: str, user: str | None = "alice") -> tuple[str | None, str]:
+    return (user, mid)
+
+
 def test_a_finished_call_is_answered_from_the_store_until_its_window_ends() -> None:
     store: DedupStore[str] = DedupStore(window=10.0, size=100)
-    assert store.stored("k", now=0.0) is None
-    assert store.claim("k", "first")
-    assert store.finish("k", OK, now=1.0) == []
-    assert store.stored("k", now=10.9) == OK
+    assert store.stored(key("k"), F, now=0.0) is None
+    assert store.claim(key("k"), F, "first")
+    assert store.finish(key("k"), OK, now=1.0, size=10) == []
+    assert store.stored(key("k"), F, now=10.9) == OK
     assert store.hits == 1
-    assert store.stored("k", now=11.0) is None  # kept 10 s from when it finished
-    store.claim("other", "x")
-    store.finish("other", OK, now=11.0)  # finishing drops what has expired
+    assert store.stored(key("k"), F, now=11.0) is None  # kept 10 s from when it finished
+    store.claim(key("other"), F, "x")
+    store.finish(key("other"), OK, now=11.0, size=10)  # finishing drops what has expired
     assert len(store) == 1
 
 
 def test_repeats_arriving_while_the_call_runs_wait_for_its_outcome() -> None:
     store: DedupStore[str] = DedupStore(window=10.0, size=100)
-    assert store.claim("k", "first")
-    assert not store.claim("k", "second")
-    assert not store.claim("k", "third")
-    assert store.finish("k", OK, now=0.0) == ["second", "third"]
+    assert store.claim(key("k"), F, "first")
+    assert not store.claim(key("k"), F, "second")
+    assert not store.claim(key("k"), F, "third")
+    assert store.finish(key("k"), OK, now=0.0, size=10) == ["second", "third"]
     assert store.hits == 2
-    assert store.claim("other", "x")  # another id is independent
+    assert store.claim(key("other"), F, "x")  # another id is independent
+
+
+def test_callers_are_kept_apart_and_an_id_reused_for_another_call_is_refused() -> None:
+    store: DedupStore[str] = DedupStore(window=10.0, size=100)
+    assert store.claim(key("k"), F, "alice's")
+    assert store.claim(key("k", user="bob"), b"other", "bob's")  # bob's own "k": a new call
+    with pytest.raises(ReusedId):
+        store.claim(key("k"), b"other", "alice's other call")  # running: not a repeat
+    store.finish(key("k"), OK, now=0.0, size=10)
+    assert store.stored(key("k", user="bob"), b"other", now=0.0) is None  # bob's still runs
+    with pytest.raises(ReusedId):
+        store.stored(key("k"), b"other", now=0.0)  # kept: still not alice's answer to give
+    assert store.stored(key("k"), F, now=0.0) == OK
 
 
 def test_the_size_bound_drops_the_oldest_outcomes_first() -> None:
     store: DedupStore[str] = DedupStore(window=100.0, size=3)
-    for n, key in enumerate("abcde"):
-        store.claim(key, key)
-        store.finish(key, Answer(200, "OK", n), now=float(n))
+    for n, mid in enumerate("abcde"):
+        store.claim(key(mid), F, mid)
+        store.finish(key(mid), Answer(200, "OK", n), now=float(n), size=10)
     assert len(store) == 3
-    assert store.stored("a", now=5.0) is None
-    assert store.stored("b", now=5.0) is None
-    assert [store.stored(k, now=5.0) for k in "cde"] == [Answer(200, "OK", n) for n in (2, 3, 4)]
+    assert store.stored(key("a"), F, now=5.0) is None
+    assert store.stored(key("b"), F, now=5.0) is None
+    kept = [store.stored(key(mid), F, now=5.0) for mid in "cde"]
+    assert kept == [Answer(200, "OK", n) for n in (2, 3, 4)]
+
+
+def test_the_byte_bound_drops_the_oldest_replies_first_and_keeps_none_larger_than_itself() -> None:
+    store: DedupStore[str] = DedupStore(window=100.0, size=100, max_bytes=1000)
+    for n, mid in enumerate("abc"):
+        store.claim(key(mid), F, mid)
+        store.finish(key(mid), Answer(200, "OK", n), now=float(n), size=400)
+    assert (len(store), store.bytes) == (2, 800)  # a went, to make room for c
+    assert store.stored(key("a"), F, now=5.0) is None
+    store.claim(key("huge"), F, "huge")
+    store.finish(key("huge"), OK, now=5.0, size=1001)  # more than the whole store: not kept
+    assert store.stored(key("huge"), F, now=5.0) is None
+    assert (len(store), store.bytes) == (2, 800)
 
 
 def test_expiry_follows_completion_order_and_a_rerun_refreshes_its_entry() -> None:
     store: DedupStore[str] = DedupStore(window=10.0, size=100)
-    for key, at in (("a", 0.0), ("b", 5.0)):
-        store.claim(key, key)
-        store.finish(key, OK, now=at)
-    store.claim("a", "a")
-    store.finish("a", OK, now=8.0)  # a ran again after expiring elsewhere: kept from 8 s
-    assert store.stored("b", now=15.0) is None
-    assert store.stored("a", now=15.0) == OK
+    for mid, at in (("a", 0.0), ("b", 5.0)):
+        store.claim(key(mid), F, mid)
+        store.finish(key(mid), OK, now=at, size=10)
+    store.claim(key("a"), F, "a")
+    store.finish(key("a"), OK, now=8.0, size=10)  # a ran again after expiring: kept from 8 s
+    assert store.stored(key("b"), F, now=15.0) is None
+    assert store.stored(key("a"), F, now=15.0) == OK
+    assert store.bytes == 20  # a counted once; b until a finish drops what has expired
 
 
 @pytest.mark.parametrize("status", [408, 503])
 def test_outcomes_of_calls_that_did_not_complete_are_not_kept(status: int) -> None:
     store: DedupStore[str] = DedupStore(window=10.0, size=100)
-    store.claim("k", "first")
-    store.claim("k", "second")
-    assert store.finish("k", Answer(status, "no"), now=0.0) == ["second"]
-    assert store.stored("k", now=0.0) is None
-    assert store.claim("k", "retry")  # a retry runs it
+    store.claim(key("k"), F, "first")
+    store.claim(key("k"), F, "second")
+    assert store.finish(key("k"), Answer(status, "no"), now=0.0, size=10) == ["second"]
+    assert store.stored(key("k"), F, now=0.0) is None
+    assert store.claim(key("k"), F, "retry")  # a retry runs it
 
 
 def test_the_store_refuses_settings_that_bound_nothing() -> None:
@@ -217,3 +262,88 @@ async def test_the_async_proxy_passes_the_message_id_on() -> None:
         proxy = proxy.options(message_id="p")
         assert [await proxy.call("add", "p", 4) for _ in range(2)] == [8, 8]
     assert ledger.runs == {"p": 1}
+
+
+# -- callers kept apart (issue 22) -------------------------------------------------------------
+
+USERS = {"alice": "a-secret", "bob": "b-secret"}
+
+
+async def refuse_bob(call: CallContext, proceed: Proceed) -> object:
+    if call.user == "bob":
+        raise CallError(403, "bob may not")
+    return await proceed()
+
+
+@service("bank", dedup_window=60, middleware=[refuse_bob])
+class Bank:
+    def __init__(self) -> None:
+        self.transfers: list[tuple[str, int]] = []
+
+    @handler
+    def transfer(self, to: str, amount: int) -> str:
+        self.transfers.append((to, amount))
+        return f"sent {amount} to {to}"
+
+
+def _as(url: str, user: str) -> str:
+    return url.replace("amqp://", f"amqp://{user}:{USERS[user]}@")
+
+
+async def test_another_user_with_the_same_message_id_never_gets_the_kept_reply() -> None:
+    bank = Bank()
+    async with (
+        open_server(bank, listen="amqp://127.0.0.1:0", users=USERS) as server,
+        connect(_as(server.url, "alice")) as alice,
+        connect(_as(server.url, "bob")) as bob,
+    ):
+        sent = await alice.call("bank", "transfer", "carol", 10, message_id="m-1")
+        assert sent == "sent 10 to carol"
+        with pytest.raises(RemoteError) as refused:  # bob's own call, refused as his
+            await bob.call("bank", "transfer", "carol", 10, message_id="m-1")
+        assert (refused.value.status, refused.value.message) == (403, "bob may not")
+        # bob first, then alice with his id: her transfer runs, she gets her own answer
+        with pytest.raises(RemoteError):
+            await bob.call("bank", "transfer", "dave", 5, message_id="m-2")
+        assert await alice.call("bank", "transfer", "dave", 5, message_id="m-2") == (
+            "sent 5 to dave"
+        )
+    assert bank.transfers == [("carol", 10), ("dave", 5)]
+
+
+async def test_a_message_id_reused_for_a_different_call_is_refused_with_409() -> None:
+    bank = Bank()
+    async with (
+        open_server(
+            bank, listen="amqp://127.0.0.1:0", users=USERS, metrics_listen="127.0.0.1:0"
+        ) as server,
+        connect(_as(server.url, "alice")) as alice,
+    ):
+        assert await alice.call("bank", "transfer", "carol", 10, message_id="m-1") == (
+            "sent 10 to carol"
+        )
+        assert await alice.call("bank", "transfer", "carol", 10, message_id="m-1") == (
+            "sent 10 to carol"
+        )  # a true repeat: the kept answer, counted
+        with pytest.raises(RemoteError) as reused:
+            await alice.call("bank", "transfer", "mallory", 10_000, message_id="m-1")
+        assert server.metrics_url is not None
+        metrics = await scrape(server.metrics_url)
+        assert metrics.value("pairlink_dedup_repeats_total", service="bank") == 1
+        assert metrics.value("pairlink_credit_revoked_total", service="bank") == 0
+    assert reused.value.status == 409
+    assert reused.value.message == "the message-id 'm-1' was used for a different call"
+    assert bank.transfers == [("carol", 10)]
+
+
+async def test_a_message_id_past_the_bound_is_not_kept() -> None:
+    bank = Bank()
+    long_id = "m" * (MAX_ID_LENGTH + 1)
+    async with (
+        open_server(bank, listen="amqp://127.0.0.1:0", users=USERS) as server,
+        connect(_as(server.url, "alice")) as alice,
+    ):
+        for _ in range(2):
+            await alice.call("bank", "transfer", "carol", 1, message_id=long_id)
+        assert len(server.actors["bank"].dedup or ()) == 0
+    assert bank.transfers == [("carol", 1), ("carol", 1)]  # untracked: it ran twice

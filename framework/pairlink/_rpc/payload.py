@@ -57,7 +57,8 @@ packing of a call's usual value. A packer clears its buffer after a value and af
 so one per thread (an event loop's, each handler thread's) packs every value."""
 
 
-def _msgpack_dumps(value: object) -> bytes:
+def msgpack_dumps(value: object) -> bytes:
+    """``value`` as msgpack (``PayloadError`` for what msgpack cannot hold)."""
     try:
         packer = _packers.packer
     except AttributeError:
@@ -270,7 +271,7 @@ def encoded_body(value: object, encoding: Encoding) -> tuple[object, BodyKind, S
             raise PayloadError(f"a raw body must be bytes, not {type(value).__name__}")
         data = bytes(value)
     else:
-        data = _msgpack_dumps(value)
+        data = msgpack_dumps(value)
     return data, "data", _CONTENT_TYPES[encoding]
 
 

@@ -34,6 +34,7 @@ caller is about to send will want its outcome.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -54,9 +55,11 @@ from pairlink._amqp.messaging import (
 )
 from pairlink._config.limits import DRAIN_TIMEOUT
 from pairlink._rpc import deadline, spans, wire
+from pairlink._rpc.payload import msgpack_dumps
 from pairlink._rpc.tracing import TRACEPARENT
 from pairlink._rpc.wire import (
     BAD_REQUEST,
+    CONFLICT,
     INTERNAL_ERROR,
     OK,
     OPERATION,
@@ -72,13 +75,14 @@ from pairlink._server.calls import (
     Arrival,
     Call,
     CallObserver,
+    DedupKey,
     Origin,
     Route,
     bare_request,
     log_ids,
 )
 from pairlink._server.context import Middleware, handling, through
-from pairlink._server.dedup import DedupStore
+from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId
 from pairlink._server.mailbox import RESERVE_DIVISOR, Caller, CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
@@ -219,10 +223,12 @@ class Actor:
                 call.trace_scope = spans.server_scope(
                     self.tracer, self.address, operation.name, app
                 )
-            if self.dedup is not None and isinstance(request.message_id, str):
-                if self._repeat(self.dedup, call, request.message_id):
+            mid = request.message_id
+            if self.dedup is not None and isinstance(mid, str) and len(mid) <= MAX_ID_LENGTH:
+                key = (origin.end.conn.sasl_identity, mid)
+                if self._repeat(self.dedup, call, key):
                     return
-                call.key = request.message_id
+                call.key = key
             if (
                 operation.mode != "async"
                 and not self.middleware  # middleware is async: it runs in a worker task
@@ -260,14 +266,24 @@ class Actor:
         self.respond(Arrival(bare_request(message), route, origin, delivery), Answer(status, why))
         return None
 
-    def _repeat(self, dedup: DedupStore[Call], call: Call, key: str) -> bool:
-        """True if ``call`` repeats a tracked id: answered from the store, or parked behind
-        the copy that is running. False: it is the first, and runs."""
-        stored = dedup.stored(key, trio.current_time())
-        if stored is not None:
-            self._answer(call, stored)
+    def _repeat(self, dedup: DedupStore[Call], call: Call, key: DedupKey) -> bool:
+        """True if ``call`` repeats a tracked id of its caller: answered from the store, or
+        parked behind the copy that is running; refused (409) if the id was first used for a
+        different call. False: it is the first, and runs."""
+        fingerprint = _fingerprint(call)
+        try:
+            stored = dedup.stored(key, fingerprint, trio.current_time())
+            if stored is None:
+                return not dedup.claim(key, fingerprint, call)
+        except ReusedId:
+            why = f"the message-id {key[1]!r} was used for a different call"
+            self._answer(call, Answer(CONFLICT, why))
             return True
-        return not dedup.claim(key, call)
+        request = call.request
+        ids = log_ids(call.origin, request.message_id)
+        self.log.debug("call.repeat_answered", **ids, operation=request.operation)
+        self._answer(call, stored)
+        return True
 
     def _undecodable(
         self, origin: Origin, delivery: Delivery, payload: bytes, exc: ProtocolError
@@ -323,22 +339,23 @@ class Actor:
 
     # -- replies ---------------------------------------------------------------------------
 
-    def respond(self, arrival: Arrival, answer: Answer, *, through: bool = False) -> None:
+    def respond(self, arrival: Arrival, answer: Answer, *, through: bool = False) -> int:
         """Send ``answer`` (a value for 200, else the status) as the reply to ``arrival``,
-        settle the request, and free its slot once the reply has left. ``through``: a lone
-        reply, written at once if the connection's writer is idle."""
+        settle the request, and free its slot once the reply has left; the reply's size in
+        bytes (0: none could be made). ``through``: a lone reply, written at once if the
+        connection's writer is idle."""
         origin, delivery, request = arrival.origin, arrival.delivery, arrival.request
         try:
             status, payload = self._reply_payload(arrival, answer)
         except Exception as exc:  # the request's own fields cannot go into any reply
             self._refuse(origin, delivery, request.message, INVALID_FIELD, f"no reply: {exc!r}")
-            return
+            return 0
         if self.observer is not None:
             self.observer.answered(delivery, request.operation, status)
         if arrival.route.deliver(payload, origin, delivery.remote_settled, through):
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
-            return
+            return len(payload)
         self.log.warning(
             "reply.undeliverable",
             **log_ids(origin, request.message_id),
@@ -348,6 +365,7 @@ class Actor:
         if not delivery.remote_settled:
             origin.set_outcome(delivery, Rejected(error=Error(NOT_FOUND, "the reply link is gone")))
         origin.release()
+        return len(payload)
 
     def _reply_payload(self, arrival: Arrival, answer: Answer) -> tuple[int, bytes]:
         """The status-code and encoded reply: the value for 200 (an undisclosed 500 if it or
@@ -630,9 +648,9 @@ class Actor:
             answer = attrs.evolve(answer, reply_properties=dict(context.reply_properties))
         if call.trace_scope is not None:
             call.trace_scope.finish(answer.status)
-        self.respond(call, answer, through=through)
+        size = self.respond(call, answer, through=through)
         if call.key is not None and self.dedup is not None:
-            for repeat in self.dedup.finish(call.key, answer, trio.current_time()):
+            for repeat in self.dedup.finish(call.key, answer, trio.current_time(), size):
                 self._answer(repeat, answer)
 
     # -- shutdown --------------------------------------------------------------------------
@@ -657,6 +675,16 @@ class Actor:
         self._take_queued()  # answered 503, not run
         for scope in self._scopes:
             scope.cancel()
+
+
+def _fingerprint(call: Call) -> bytes:
+    """What a call asks, in 16 bytes: its operation and a digest of its arguments (msgpack, or
+    their repr for values msgpack cannot hold), so that an id reused for another call shows."""
+    try:
+        asked = msgpack_dumps([call.operation.name, call.args, call.kwargs])
+    except PayloadError:
+        asked = repr((call.operation.name, call.args, call.kwargs)).encode()
+    return hashlib.blake2b(asked, digest_size=16).digest()
 
 
 def _type_name(exc: BaseException) -> str:

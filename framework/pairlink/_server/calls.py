@@ -60,6 +60,11 @@ class CallObserver(Protocol):
     def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
 
 
+DedupKey = tuple[str | None, str]
+"""How a service's dedup store knows a call: who called (its SASL user; None: none) and the
+message-id it gave the call (:mod:`pairlink._server.dedup`)."""
+
+
 @attrs.define(slots=True)
 class Answer:
     """What a call is answered with: the actor answers every request through one, and the
@@ -92,7 +97,7 @@ class Call(Arrival):
     args: list[Any]
     kwargs: dict[str, Any]
     service: str  # its address, as this server serves it
-    key: str | None = None  # its message-id, while it is the running copy of a tracked id
+    key: DedupKey | None = None  # its caller and message-id, while the running copy of one
     context: CallContext | None = None  # built when its handler first asks (current_call)
     trace_scope: TraceScope | None = None  # its trace, when traced (pairlink._rpc.tracing)
 

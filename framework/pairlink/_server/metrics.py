@@ -20,6 +20,7 @@ from pairlink._amqp.link import Delivery
 from pairlink._server.actor import Actor
 from pairlink._telemetry.metrics import (
     connections_gauge,
+    counter,
     gauge,
     new_registry,
     parse_listen,
@@ -131,6 +132,11 @@ class ServerMetrics:
             for address, actor in self._actors.items():
                 family.add_metric([address], read(actor))
             yield family
+        for name, text, read in _COUNTERS:
+            total = counter(name, text, labels=["service"])
+            for address, actor in self._actors.items():
+                total.add_metric([address], read(actor))
+            yield total
 
 
 _GAUGES: tuple[tuple[str, str, Callable[[Actor], int]], ...] = (
@@ -149,3 +155,17 @@ _GAUGES: tuple[tuple[str, str, Callable[[Actor], int]], ...] = (
     ),
 )
 """The per-service gauges: name, help, and how to read it from the actor."""
+
+_COUNTERS: tuple[tuple[str, str, Callable[[Actor], int]], ...] = (
+    (
+        "pairlink_credit_revoked",
+        "Request links detached for holding credit past a drain (drain_timeout).",
+        lambda a: a.mailbox.revoked,
+    ),
+    (
+        "pairlink_dedup_repeats",
+        "Repeated calls answered from the dedup store (or by waiting), without running.",
+        lambda a: a.dedup.hits if a.dedup is not None else 0,
+    ),
+)
+"""The per-service counters, read as the gauges are."""

@@ -24,7 +24,7 @@ from pairlink._version import DISTRIBUTION
 from pairlink.errors import MetricsUnavailable
 
 if TYPE_CHECKING:
-    from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+    from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import CollectorRegistry
 
 log = get_logger("pairlink.metrics")
@@ -67,6 +67,15 @@ def gauge(
     """A gauge read at scrape time: one ``value``, or one sample per label values added."""
     family: GaugeMetricFamily = prometheus().metrics_core.GaugeMetricFamily(
         name, text, value=value, labels=list(labels) or None
+    )
+    return family
+
+
+def counter(name: str, text: str, *, labels: Sequence[str] = ()) -> CounterMetricFamily:
+    """A counter read at scrape time (``name`` without ``_total``, which the exposition adds),
+    one sample per label values added."""
+    family: CounterMetricFamily = prometheus().metrics_core.CounterMetricFamily(
+        name, text, labels=list(labels) or None
     )
     return family
 
