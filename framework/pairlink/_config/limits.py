@@ -18,6 +18,10 @@ from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
 from pairlink._io.net import EngineLimits
 from pairlink._io.writes import MAX_OUTGOING_BYTES
 
+MAX_LINKS_TOTAL = 65_536
+"""Links a server holds at once across all its connections (each costs about 2 KiB, so about
+128 MiB at most): past it, a new link is refused with ``amqp:resource-limit-exceeded``, however
+many connections the links come on."""
 DRAIN_TIMEOUT = 5.0
 """Seconds a request link has to answer a drain (send what it can, give the rest of its credit
 back) before the service takes the credit back itself: the link is detached with
@@ -47,7 +51,8 @@ class Limits:
     ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``,
     ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
     (``ConnectionConfig``). ``drain_timeout``: seconds a caller's request link has to answer
-    a service's drain before its credit is revoked (services only).
+    a service's drain before its credit is revoked; ``max_links_total``: links a server holds
+    across all its connections (both for services only).
     """
 
     handshake_timeout: float = HANDSHAKE_TIMEOUT
@@ -61,6 +66,7 @@ class Limits:
     handle_max: int = HANDLE_MAX
     max_links: int = MAX_LINKS
     drain_timeout: float = DRAIN_TIMEOUT
+    max_links_total: int = MAX_LINKS_TOTAL
 
     def engine_options(self) -> EngineLimits:
         """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""

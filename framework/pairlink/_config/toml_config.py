@@ -71,6 +71,7 @@ _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_decoded_elements": "values",
     "handle_max": "handles",
     "max_links": "links",
+    "max_links_total": "links",
 }
 
 

@@ -50,7 +50,12 @@ from typing import Unpack
 
 import attrs
 
-from pairlink._amqp.errors import INVALID_FIELD, NOT_FOUND, NOT_IMPLEMENTED
+from pairlink._amqp.errors import (
+    INVALID_FIELD,
+    NOT_FOUND,
+    NOT_IMPLEMENTED,
+    RESOURCE_LIMIT_EXCEEDED,
+)
 from pairlink._amqp.link import Delivery, Link
 from pairlink._amqp.messaging import DeliveryState, Error
 from pairlink._amqp.performatives import (
@@ -60,6 +65,7 @@ from pairlink._amqp.performatives import (
     SND_SETTLED,
     SND_UNSETTLED,
 )
+from pairlink._config.limits import MAX_LINKS_TOTAL
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.facade import AcceptFields
 from pairlink._io.links import LinkEnd, LinkOwner, accept
@@ -267,15 +273,26 @@ ServedLink = RequestLink | ReplyLink
 
 
 @attrs.define(eq=False)
+class LinkBudget:
+    """The links a server holds across all its connections, and how many it may."""
+
+    limit: int
+    used: int = 0
+
+
+@attrs.define(eq=False)
 class Peer:
     """What the container knows about one connection: its links by (name, our role), for
-    the pairing rules, and its reply routes by address, for LP-8."""
+    the pairing rules, and its reply routes by address, for LP-8; each link counted in the
+    server's ``budget``."""
 
     conn: AmqpConnection
+    budget: LinkBudget
     halves: dict[tuple[str, bool], ServedLink] = attrs.field(factory=dict)
     routes: dict[str, ReplyLink] = attrs.field(factory=dict)
 
     def add(self, endpoint: ServedLink) -> None:
+        self.budget.used += 1
         self.halves[(endpoint.link.name, endpoint.link.role)] = endpoint
         if isinstance(endpoint, ReplyLink) and endpoint.to not in (None, ME):
             assert endpoint.to is not None
@@ -285,6 +302,7 @@ class Peer:
         key = (endpoint.link.name, endpoint.link.role)
         if self.halves.get(key) is endpoint:
             del self.halves[key]
+            self.budget.used -= 1
         if isinstance(endpoint, ReplyLink):
             if endpoint.to is not None and self.routes.get(endpoint.to) is endpoint:
                 del self.routes[endpoint.to]
@@ -301,9 +319,12 @@ class Container:
     pairing rules, then a :class:`RequestLink` fed to the service's actor or a
     :class:`ReplyLink` its replies go out on."""
 
-    def __init__(self, actors: dict[str, Actor], container_id: str) -> None:
+    def __init__(
+        self, actors: dict[str, Actor], container_id: str, max_links_total: int = MAX_LINKS_TOTAL
+    ) -> None:
         self.actors = actors
         self.container_id = container_id
+        self.links = LinkBudget(max_links_total)
         self.log = log.bind(container=container_id)
         self._dynamic = itertools.count(1)
 
@@ -315,6 +336,11 @@ class Container:
         remote = link.remote_attach
         assert remote is not None
         half = PairHalf.of(remote)
+        if self.links.used >= self.links.limit:
+            why = f"more than {self.links.limit} links on this server"
+            refusal = Refusal(RESOURCE_LIMIT_EXCEEDED, why, null_terminus=True)
+            self._refuse(peer, link, half, refusal)
+            return
         other = peer.halves.get((link.name, not link.role))
         opposite = other.half if other is not None else None
         if link.is_receiver:

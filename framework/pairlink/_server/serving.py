@@ -18,7 +18,7 @@ from pairlink._amqp.link import Link, LinkState
 from pairlink._client.client import Client, ServiceProxy
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
-from pairlink._config.limits import DRAIN_TIMEOUT, Limits, ListenLimits
+from pairlink._config.limits import DRAIN_TIMEOUT, MAX_LINKS_TOTAL, Limits, ListenLimits
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import Listener
 from pairlink._io.listener import listen as listen_amqp
@@ -72,6 +72,7 @@ class Server:
         metrics_listen: str | None = None,
         middleware: Sequence[Middleware] = (),
         drain_timeout: float = DRAIN_TIMEOUT,
+        max_links_total: int = MAX_LINKS_TOTAL,
     ) -> None:
         self.hosted = list(hosted)
         actors: dict[str, Actor] = {}
@@ -86,7 +87,9 @@ class Server:
         health = Hosted(self.health, spec_of(self.health))
         self._health_actor = Actor(health, drain_timeout=drain_timeout)  # its own mailbox
         builtin = {HEALTH: self._health_actor}
-        self.container = Container(actors | builtin, container_id or f"pairlink-{uuid.uuid4()}")
+        self.container = Container(
+            actors | builtin, container_id or f"pairlink-{uuid.uuid4()}", max_links_total
+        )
         self.actors = actors  # the user's services (what a graceful stop drains)
         self.container_id = self.container.container_id
         self.grace = grace
@@ -246,7 +249,7 @@ class Server:
         return sum(len(listener.handlers) for listener in self.listeners)
 
     def _accept(self, conn: AmqpConnection) -> _Served:
-        return _Served(Peer(conn), self.container)
+        return _Served(Peer(conn, self.container.links), self.container)
 
     # -- actor to actor --------------------------------------------------------------------
 
@@ -353,6 +356,7 @@ async def open_server(
         call_url=call_url,
         listen_options={**bounds.listen_options(), **options},
         drain_timeout=bounds.drain_timeout,
+        max_links_total=bounds.max_links_total,
         metrics_listen=metrics_listen,
         middleware=check_middleware("open_server", middleware),
     )
