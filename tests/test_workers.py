@@ -18,7 +18,7 @@ import trio
 
 from pairlink._client import blocking
 from pairlink._io.listener import listen
-from pairlink._server.workers import WorkerSettings
+from pairlink._server.workers import WATCHDOG_TIMEOUT, WorkerSettings
 from tests.scraping import scrape
 from tests.test_client_cli import Served
 from tests.test_listener import Handlers
@@ -189,6 +189,33 @@ def test_a_killed_worker_comes_back_while_the_other_serves_on(
         assert _answering(url, {reborn, pids[1]}) == {reborn, pids[1]}
     assert served.interrupt(signal.SIGTERM) == 0
     _wait_gone({reborn, pids[1]})
+
+
+def test_a_worker_that_stops_answering_is_replaced(
+    two_workers: tuple[Supervised, str, dict[int, int]],
+) -> None:
+    """A worker stopped (SIGSTOP) keeps its listening socket, so Linux goes on handing it
+    new connections, which hang: the supervisor notices its silence and replaces it."""
+    served, url, pids = two_workers
+    wedged = pids[0]
+    os.kill(wedged, signal.SIGSTOP)
+    try:
+        stopped = time.monotonic()
+        silent = served.wait_for("worker.unresponsive")
+        assert _field(silent, "pid") == str(wedged)
+        assert time.monotonic() - stopped < WATCHDOG_TIMEOUT + 5
+        back = served.wait_for("worker.serving")
+        assert _field(back, "index") == "0"
+        reborn = int(_field(back, "pid"))
+        assert reborn not in pids.values()
+        assert not _alive(wedged)
+        # every new connection is served again, by one of the two live workers
+        answered = [_answering(url, set()) for _ in range(MAX_CONNECTIONS // 4)]
+        assert set().union(*answered) <= {reborn, pids[1]}
+    finally:
+        if _alive(wedged):
+            os.kill(wedged, signal.SIGKILL)
+    assert served.interrupt(signal.SIGTERM) == 0
 
 
 def test_each_worker_serves_its_own_metrics(workdir: Path) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -61,6 +62,13 @@ RESTART_CAP = 30.0
 """...each next one twice as long, up to this: a worker that dies at once is not a busy loop."""
 STABLE_AFTER = 30.0
 """A worker that served this long before it died restarts with the first delay again."""
+
+HEARTBEAT = 1.0
+"""Seconds between a serving worker's heartbeats to its supervisor, sent from its event loop:
+a heartbeat says the loop runs, not only the process."""
+WATCHDOG_TIMEOUT = 5.0
+"""Seconds without a heartbeat after which the supervisor takes a serving worker for wedged
+(stopped, or its loop blocked) and replaces it: killed, then restarted as a dead one is."""
 
 WORKER_ENV = "PAIRLINK_WORKER"
 """Set (to JSON: :class:`WorkerSettings`) for the worker processes of a supervisor only."""
@@ -207,6 +215,8 @@ class _Supervisor:
                 return
             with worker.waiting:
                 served = await self._wait_serving(worker)
+                if served:
+                    await self._watch(worker)
                 await worker.process.wait()
             pid = worker.process.pid
             if worker.process.returncode is None:
@@ -255,6 +265,29 @@ class _Supervisor:
             self._stop_worker(worker)
         return worker
 
+    async def _watch(self, worker: _Worker) -> None:
+        """Until ``worker`` ends its side of the channel: kill it if its heartbeats stop for
+        :data:`WATCHDOG_TIMEOUT` while it serves (a stopping worker may be busy stopping: its
+        stop has a deadline of its own)."""
+        while True:
+            timeout = math.inf if self.stopping.is_set() else WATCHDOG_TIMEOUT
+            with trio.move_on_after(timeout) as silent:
+                try:
+                    beat = await worker.channel.receive_some()
+                except trio.BrokenResourceError:
+                    beat = b""
+            if silent.cancelled_caught and not self.stopping.is_set():
+                log.warning(
+                    "worker.unresponsive",
+                    index=worker.index,
+                    pid=worker.process.pid,
+                    silent=WATCHDOG_TIMEOUT,
+                )
+                worker.process.kill()  # (a stopped process dies of SIGKILL too)
+                return
+            if not silent.cancelled_caught and not beat:
+                return  # it exited, or closed its end
+
     async def _wait_serving(self, worker: _Worker) -> bool:
         """Whether ``worker`` says it serves (its grace period then known), or exits first."""
         received = b""
@@ -266,7 +299,8 @@ class _Supervisor:
             if not chunk:
                 return False
             received += chunk
-        worker.grace = float(json.loads(received)["grace"])
+        line = received.partition(b"\n")[0]  # (its first heartbeats may follow in the read)
+        worker.grace = float(json.loads(line)["grace"])
         log.info("worker.serving", index=worker.index, pid=worker.process.pid)
         if worker.index not in self.served:
             self.served.add(worker.index)
@@ -296,9 +330,30 @@ async def serve_worker(run: Callable[..., Awaitable[None]], settings: WorkerSett
         target=_stop_when_closed, args=(lifeline,), name="pairlink-lifeline", daemon=True
     ).start()
     async with trio.open_nursery() as nursery:
-        server: Server = await nursery.start(run)
+        server: Server = await nursery.start(_run_then_cancel, run, nursery.cancel_scope)
         # one short line into an empty socket buffer: it never blocks
         lifeline.sendall(json.dumps({"grace": server.grace}).encode() + b"\n")
+        nursery.start_soon(_heartbeats, lifeline)
+
+
+async def _run_then_cancel(
+    run: Callable[..., Awaitable[None]],
+    done: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """``run``, then the end of the heartbeats beside it."""
+    await run(task_status=task_status)
+    done.cancel()
+
+
+async def _heartbeats(lifeline: socket.socket) -> None:
+    """A byte every :data:`HEARTBEAT` seconds from the event loop, while the worker serves and
+    while it stops (one byte into a socket its supervisor drains: it never blocks)."""
+    while True:
+        await trio.sleep(HEARTBEAT)
+        with contextlib.suppress(OSError):  # the supervisor is gone: the lifeline thread acts
+            lifeline.send(b".")
 
 
 def _stop_when_closed(lifeline: socket.socket) -> None:
