@@ -389,7 +389,9 @@ def free_port() -> int:
         return port
 
 
-def gn_config(upstream: str, *, idle_timeout: float, max_pairs: int = MAX_PAIRS) -> GatewayConfig:
+def gn_config(
+    upstream: str, *, idle_timeout: float, max_pairs: int = MAX_PAIRS, shares: bool = False
+) -> GatewayConfig:
     def route(public: str) -> Route:
         return Route(
             public=public,
@@ -408,6 +410,10 @@ def gn_config(upstream: str, *, idle_timeout: float, max_pairs: int = MAX_PAIRS)
         idle_timeout=idle_timeout,
         attach_timeout=5.0,
         max_pairs=max_pairs,
+        # unless ``shares``, one client's connection may fill the gateway: most tests here
+        # are about the total (the shares' defaults are tested in test_capacity.py)
+        max_pairs_per_user=None if shares else max_pairs,
+        max_pairs_per_connection=None if shares else max_pairs,
     )
 
 
@@ -433,6 +439,7 @@ async def open_chain(
     co_port: int | None = None,
     idle_timeout: float = 5.0,
     gn_max_pairs: int = MAX_PAIRS,
+    gn_pair_shares: bool = False,
     echo_mailbox: int | None = None,
 ) -> AsyncIterator[Chain]:
     """The whole chain, torn down when the block ends. CO (echo at ``INTERNAL``, :class:`Slow`
@@ -447,7 +454,14 @@ async def open_chain(
         go = GatewayTask(go_config(go_co.url, idle_timeout=idle_timeout))
         await go.start(nursery)
         gn_go: ByteTap = await nursery.start(ByteTap("gn-go", go.port).run)
-        gn = GatewayTask(gn_config(gn_go.url, idle_timeout=idle_timeout, max_pairs=gn_max_pairs))
+        gn = GatewayTask(
+            gn_config(
+                gn_go.url,
+                idle_timeout=idle_timeout,
+                max_pairs=gn_max_pairs,
+                shares=gn_pair_shares,
+            )
+        )
         await gn.start(nursery)
         client_gn: ByteTap = await nursery.start(ByteTap("client-gn", gn.port).run)
         try:

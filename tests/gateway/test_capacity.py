@@ -39,7 +39,10 @@ from pairlink.errors import LinkDetachedError
 from pairlink.gateway import Gateway, GatewayConfig, Route, open_gateway
 from services.echo import Echo
 from tests.gateway.chain import (
+    APPS_USER,
     CLIENT_ID,
+    GUEST_PASSWORD,
+    GUEST_USER,
     INTERNAL,
     LOOPBACK,
     PUBLIC,
@@ -324,6 +327,56 @@ def rss(pid: int) -> int:
     match = re.search(r"^VmRSS:\s+(\d+) kB$", status, re.MULTILINE)
     assert match is not None, status
     return int(match.group(1)) * 1024
+
+
+async def refused(pair: tuple[Sender, Receiver]) -> LinkDetachedError:
+    """The error a refused pair's sender is detached with."""
+    sender, _receiver = pair
+    with trio.fail_after(10), pytest.raises(LinkDetachedError) as caught:
+        await sender.take_credit()
+    return caught.value
+
+
+async def attached(pairs: list[tuple[Sender, Receiver]]) -> None:
+    with trio.fail_after(10):
+        for sender, receiver in pairs:
+            await sender.attached.wait()
+            await receiver.attached.wait()
+
+
+async def test_a_routing_node_is_only_for_users_some_route_allows() -> None:
+    async with (
+        open_chain() as chain,
+        net.connect(chain.url_as(GUEST_USER, GUEST_PASSWORD)) as guest,
+    ):
+        gn = chain.gn.gateway
+        assert gn is not None
+        error = await refused(attach_pair(guest, "node", address=None))
+        assert error.condition == conditions.UNAUTHORIZED_ACCESS
+        assert f"{GUEST_USER} may use no route of this gateway" in str(error)
+        assert gn.pairs.used == 0
+
+
+async def test_one_user_and_one_connection_hold_their_share_of_max_pairs_only() -> None:
+    """With ``max_pairs`` 8, a connection holds 2 pairs at most (a quarter) and a user 4 (a
+    half): the gateway's last places stay for the other parties."""
+    async with (
+        open_chain(gn_max_pairs=8, gn_pair_shares=True) as chain,
+        net.connect(chain.url) as first,
+        net.connect(chain.url) as second,
+    ):
+        gn = chain.gn.gateway
+        assert gn is not None
+        await attached([attach_pair(first, f"first-{i}") for i in range(2)])
+        error = await refused(attach_pair(first, "first-2"))
+        assert error.condition == conditions.RESOURCE_LIMIT_EXCEEDED
+        assert "one connection may hold 2 pairs at most" in str(error)
+        await attached([attach_pair(second, f"second-{i}") for i in range(2)])
+        assert gn.pairs.used == 4
+        async with net.connect(chain.url) as third:
+            error = await refused(attach_pair(third, "third-0"))
+        assert f"{APPS_USER} may hold 4 pairs at most" in str(error)
+        assert gn.pairs.used == 4  # half of the places are still free for other users
 
 
 async def test_lp11_gateway_memory_per_pair_is_bounded(tmp_path: Path) -> None:

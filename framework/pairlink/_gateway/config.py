@@ -61,8 +61,11 @@ class GatewayConfig:
     of silence after which a connection (inbound or upstream) is declared dead;
     ``attach_timeout``: how long a peer's attach may wait for the upstream pair;
     ``max_pairs``: the most pairs carried at once (each pair a peer attaches, and each next
-    hop a routing node pairs with), past which new ones are refused; ``limits``: what peers
-    may make the gateway hold (the ``[limits]`` table, :class:`pairlink.Limits`);
+    hop a routing node pairs with), past which new ones are refused; ``max_pairs_per_user``
+    and ``max_pairs_per_connection``: the most of them one user, and one connection, may hold
+    (None: half of ``max_pairs``, and a quarter), so that no party takes them all;
+    ``limits``: what peers may make the gateway hold (the ``[limits]`` table,
+    :class:`pairlink.Limits`);
     ``metrics_listen``: ``HOST:PORT`` of its Prometheus endpoint (None: no metrics)."""
 
     listen: str
@@ -76,8 +79,23 @@ class GatewayConfig:
     idle_timeout: float = 30.0
     attach_timeout: float = 10.0
     max_pairs: int = MAX_PAIRS
+    max_pairs_per_user: int | None = None
+    max_pairs_per_connection: int | None = None
     limits: Limits = attrs.field(factory=Limits)
     metrics_listen: str | None = None
+
+    def pairs_per_user(self) -> int:
+        """The most pairs one user holds: ``max_pairs_per_user``, else half of the total."""
+        if self.max_pairs_per_user is not None:
+            return self.max_pairs_per_user
+        return max(1, self.max_pairs // 2)
+
+    def pairs_per_connection(self) -> int:
+        """The most pairs one connection holds: ``max_pairs_per_connection``, else a quarter
+        of the total."""
+        if self.max_pairs_per_connection is not None:
+            return self.max_pairs_per_connection
+        return max(1, self.max_pairs // 4)
 
 
 # -- reading a TOML config -----------------------------------------------------------------------
@@ -88,6 +106,8 @@ _TOP_KEYS = (
     "idle_timeout",
     "attach_timeout",
     "max_pairs",
+    "max_pairs_per_user",
+    "max_pairs_per_connection",
     "limits",
     "tls",
     "users",
@@ -131,9 +151,16 @@ class _Bounds(TypedDict, total=False):
     idle_timeout: float
     attach_timeout: float
     max_pairs: int
+    max_pairs_per_user: int
+    max_pairs_per_connection: int
     limits: Limits
 
 
+_PAIR_COUNTS: tuple[Literal["max_pairs", "max_pairs_per_user", "max_pairs_per_connection"], ...] = (
+    "max_pairs",
+    "max_pairs_per_user",
+    "max_pairs_per_connection",
+)
 _TIMEOUTS: tuple[Literal["idle_timeout", "attach_timeout"], ...] = (
     "idle_timeout",
     "attach_timeout",
@@ -157,8 +184,9 @@ class _Reader(TomlReader):
         for key in _TIMEOUTS:
             if key in document:
                 limits[key] = self.seconds(document[key], (key,))
-        if "max_pairs" in document:
-            limits["max_pairs"] = self.count(document["max_pairs"], ("max_pairs",), "pairs")
+        for count in _PAIR_COUNTS:
+            if count in document:
+                limits[count] = self.count(document[count], (count,), "pairs")
         if "limits" in document:
             limits["limits"] = self.limits(document["limits"])
         return GatewayConfig(

@@ -89,7 +89,11 @@ class Downstream:
             return
         context = self.context
         address = half.target if link.is_receiver else half.source
-        if address is None:  # the routing node (LP-9)
+        if address is None:  # the routing node (LP-9): for users some route allows
+            if not any(self.may_use(route) for route in context.routes.values()):
+                why = f"{self.user or 'an anonymous peer'} may use no route of this gateway"
+                self._refuse(link, half, UNAUTHORIZED_ACCESS, why)
+                return
             lease = self._lease(link, half)
             if lease is not None:
                 self.relays[link.name] = RoutingRelay(self, context, link.name, link, lease)
@@ -117,11 +121,12 @@ class Downstream:
         context.start_soon(pair.open, upstream, context.attach_timeout, release)
 
     def _lease(self, link: Link, half: PairHalf) -> PairLease | None:
-        """A place for a new pair, or None with the link refused: ``max_pairs`` are carried."""
-        lease = self.context.pairs.take()
-        if lease is None:
-            why = f"this gateway carries its maximum of {self.context.pairs.limit} pairs; try later"
-            self._refuse(link, half, RESOURCE_LIMIT_EXCEEDED, why)
+        """A place for a new pair, or None with the link refused: ``max_pairs`` are carried,
+        or this user's or this connection's share of them."""
+        lease = self.context.pairs.take(self.user, self)
+        if isinstance(lease, str):
+            self._refuse(link, half, RESOURCE_LIMIT_EXCEEDED, f"{lease}; try later")
+            return None
         return lease
 
     def _refuse(self, link: Link, half: PairHalf, condition: str, why: str) -> None:
@@ -143,7 +148,9 @@ class Gateway:
         self.config = config
         self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
         self.routes = {route.public: route for route in config.routes}
-        self.pairs = PairBudget(config.max_pairs)
+        self.pairs = PairBudget(
+            config.max_pairs, config.pairs_per_user(), config.pairs_per_connection()
+        )
         self.listener: Listener[Downstream] | None = None
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}
         self.upstreams: dict[str, Upstream] = {}  # by public address

@@ -12,7 +12,7 @@ answered downstream with the same condition.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 import trio
@@ -37,34 +37,65 @@ CREDIT_WAIT = 1.0
 pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
 
 
+K = TypeVar("K")
+
+
 class PairBudget:
     """The pairs a gateway carries now, against its ``max_pairs``: each pair a peer attaches,
-    and each next hop a routing node pairs with, holds a :class:`PairLease` while it lives."""
+    and each next hop a routing node pairs with, holds a :class:`PairLease` while it lives.
+    No user may hold more than ``per_user`` of them, nor one connection more than
+    ``per_connection``, so that one party never takes every place."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_user: int, per_connection: int) -> None:
         self.limit = limit
+        self.per_user = per_user
+        self.per_connection = per_connection
         self.used = 0
+        self.by_user: dict[str | None, int] = {}
+        self.by_connection: dict[object, int] = {}
 
-    def take(self) -> PairLease | None:
-        """A place for one more pair, or None when all ``limit`` are taken."""
+    def take(self, user: str | None, connection: object) -> PairLease | str:
+        """A place for one more pair of ``user`` on ``connection``; else why not."""
         if self.used >= self.limit:
-            return None
+            return f"this gateway carries its maximum of {self.limit} pairs"
+        if self.by_user.get(user, 0) >= self.per_user:
+            return f"{user or 'anonymous peers'} may hold {self.per_user} pairs at most"
+        if self.by_connection.get(connection, 0) >= self.per_connection:
+            return f"one connection may hold {self.per_connection} pairs at most"
         self.used += 1
-        return PairLease(self)
+        self.by_user[user] = self.by_user.get(user, 0) + 1
+        self.by_connection[connection] = self.by_connection.get(connection, 0) + 1
+        return PairLease(self, user, connection)
+
+    def give_back(self, user: str | None, connection: object) -> None:
+        self.used -= 1
+        _count_down(self.by_user, user)
+        _count_down(self.by_connection, connection)
+
+
+def _count_down(counts: dict[K, int], key: K) -> None:
+    """One fewer for ``key``; a key counted down to nothing is forgotten."""
+    left = counts[key] - 1
+    if left:
+        counts[key] = left
+    else:
+        del counts[key]
 
 
 class PairLease:
     """One pair's place in a :class:`PairBudget`. ``release`` may be called by every way the
     pair can end (its links, its connection, its set-up failing): only the first counts."""
 
-    __slots__ = ("_budget",)
+    __slots__ = ("_budget", "_connection", "_user")
 
-    def __init__(self, budget: PairBudget) -> None:
+    def __init__(self, budget: PairBudget, user: str | None, connection: object) -> None:
         self._budget: PairBudget | None = budget
+        self._user = user
+        self._connection = connection
 
     def release(self) -> None:
         if self._budget is not None:
-            self._budget.used -= 1
+            self._budget.give_back(self._user, self._connection)
             self._budget = None
 
 
@@ -84,6 +115,7 @@ class RelayOwner(Protocol):
     handler of that connection)."""
 
     conn: AmqpConnection
+    user: str | None  # its SASL user (None: none)
 
     def may_use(self, route: Route) -> bool:
         """The peer's user may reach ``route`` (its ``allow`` list)."""

@@ -131,10 +131,9 @@ class RoutingRelay:
             return
         leg = self.legs.get(route.public)
         if leg is None:
-            lease = context.pairs.take()
-            if lease is None:
-                why = f"this gateway carries its maximum of {context.pairs.limit} pairs"
-                self._unroutable(delivery, RESOURCE_LIMIT_EXCEEDED, why)
+            lease = context.pairs.take(self.downstream.user, self.downstream)
+            if isinstance(lease, str):
+                self._unroutable(delivery, RESOURCE_LIMIT_EXCEEDED, lease)
                 return
             leg = _Leg(route, self, self.snd_settle_mode, lease)
             self.legs[route.public] = leg
