@@ -347,3 +347,31 @@ async def test_a_message_id_past_the_bound_is_not_kept() -> None:
             await alice.call("bank", "transfer", "carol", 1, message_id=long_id)
         assert len(server.actors["bank"].dedup or ()) == 0
     assert bank.transfers == [("carol", 1), ("carol", 1)]  # untracked: it ran twice
+
+
+async def test_middleware_judges_a_repeat_before_the_kept_reply_is_given() -> None:
+    """A repeat passes the service's middleware as its first copy did: refused once its
+    caller may no longer call, given the kept reply (without running again) while it may."""
+    bank = Bank()
+    seen: list[str | None] = []
+    banned: set[str] = set()
+
+    async def gate(call: CallContext, proceed: Proceed) -> object:
+        seen.append(call.user)
+        if call.user in banned:
+            raise CallError(403, f"{call.user} may no longer call")
+        return await proceed()
+
+    async with (
+        open_server(bank, listen="amqp://127.0.0.1:0", users=USERS, middleware=[gate]) as server,
+        connect(_as(server.url, "alice")) as alice,
+    ):
+        for _ in range(2):  # the call, then its repeat: the kept reply, judged first
+            sent = await alice.call("bank", "transfer", "carol", 10, message_id="m-1")
+            assert sent == "sent 10 to carol"
+        banned.add("alice")
+        with pytest.raises(RemoteError) as refused:
+            await alice.call("bank", "transfer", "carol", 10, message_id="m-1")
+    assert (refused.value.status, refused.value.message) == (403, "alice may no longer call")
+    assert seen == ["alice", "alice", "alice"]
+    assert bank.transfers == [("carol", 10)]  # it ran once

@@ -282,7 +282,12 @@ class Actor:
         request = call.request
         ids = log_ids(call.origin, request.message_id)
         self.log.debug("call.repeat_answered", **ids, operation=request.operation)
-        self._answer(call, stored)
+        if self.middleware:  # it judges the repeat as it judged the call: in a worker
+            call.replay = stored
+            self.mailbox.enqueue(call.origin, call)
+            self._take_queued()
+        else:
+            self._answer(call, stored)
         return True
 
     def _undecodable(
@@ -533,6 +538,8 @@ class Actor:
             self._ended(call)
         if scope.cancelled_caught:
             self._answer(call, self._cut_short())
+        elif call.replay is not None:  # a repeat its middleware let through: the kept answer
+            self._answer(call, call.replay)
         else:
             self._answer(call, Answer(OK, "OK", value))
 
@@ -629,7 +636,10 @@ class Actor:
         return await through(self.middleware, call.call_context(), handler)
 
     async def _handle(self, operation: Operation, call: Call) -> object:
-        """Run the handler (``self._invoke`` when there is no middleware)."""
+        """Run the handler (``self._invoke`` when there is no middleware); not for a repeat,
+        whose answer is kept (``proceed()`` gives its middleware nothing)."""
+        if call.replay is not None:
+            return None
         if operation.mode == "async":
             return await operation.function(self.instance, *call.args, **call.kwargs)
         if operation.mode == "inline":  # only here within middleware: it holds the loop

@@ -100,6 +100,7 @@ class Call(Arrival):
     key: DedupKey | None = None  # its caller and message-id, while the running copy of one
     context: CallContext | None = None  # built when its handler first asks (current_call)
     trace_scope: TraceScope | None = None  # its trace, when traced (pairlink._rpc.tracing)
+    replay: Answer | None = None  # a repeat's kept answer: given if its middleware lets it
 
     def call_context(self) -> CallContext:
         """The handler's view of this call, built once, on demand: most handlers never ask."""
