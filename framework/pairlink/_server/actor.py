@@ -34,7 +34,6 @@ caller is about to send will want its outcome.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -55,7 +54,6 @@ from pairlink._amqp.messaging import (
 )
 from pairlink._config.limits import DRAIN_TIMEOUT
 from pairlink._rpc import deadline, spans, wire
-from pairlink._rpc.payload import msgpack_dumps
 from pairlink._rpc.tracing import TRACEPARENT
 from pairlink._rpc.wire import (
     BAD_REQUEST,
@@ -82,7 +80,7 @@ from pairlink._server.calls import (
     log_ids,
 )
 from pairlink._server.context import Middleware, handling, through
-from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId
+from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId, digest
 from pairlink._server.mailbox import RESERVE_DIVISOR, Caller, CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
@@ -270,7 +268,7 @@ class Actor:
         """True if ``call`` repeats a tracked id of its caller: answered from the store, or
         parked behind the copy that is running; refused (409) if the id was first used for a
         different call. False: it is the first, and runs."""
-        fingerprint = _fingerprint(call)
+        fingerprint = digest(call.operation.name, call.args, call.kwargs)
         try:
             stored = dedup.stored(key, fingerprint, trio.current_time())
             if stored is None:
@@ -685,16 +683,6 @@ class Actor:
         self._take_queued()  # answered 503, not run
         for scope in self._scopes:
             scope.cancel()
-
-
-def _fingerprint(call: Call) -> bytes:
-    """What a call asks, in 16 bytes: its operation and a digest of its arguments (msgpack, or
-    their repr for values msgpack cannot hold), so that an id reused for another call shows."""
-    try:
-        asked = msgpack_dumps([call.operation.name, call.args, call.kwargs])
-    except PayloadError:
-        asked = repr((call.operation.name, call.args, call.kwargs)).encode()
-    return hashlib.blake2b(asked, digest_size=16).digest()
 
 
 def _type_name(exc: BaseException) -> str:

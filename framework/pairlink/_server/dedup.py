@@ -22,12 +22,15 @@ dropped first. Calls still running are not counted: the service's mailbox bounds
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
+from pairlink._rpc.payload import msgpack_dumps
 from pairlink._server.calls import Answer, DedupKey
+from pairlink.errors import PayloadError
 
 W = TypeVar("W")
 
@@ -37,6 +40,17 @@ MAX_ID_LENGTH = 256
 """The longest message-id kept (characters): a longer one runs its call as if untracked."""
 DEDUP_BYTES = 64 << 20
 """Bytes of replies a service keeps at most (64 MiB), the oldest dropped first."""
+
+
+def digest(operation: str, args: list[Any], kwargs: dict[str, Any]) -> bytes:
+    """What a call asks, in 16 bytes: its operation and a digest of its arguments (msgpack,
+    or their repr for values msgpack cannot hold), so that an id reused for another call
+    shows."""
+    try:
+        asked = msgpack_dumps([operation, args, kwargs])
+    except PayloadError:
+        asked = repr((operation, args, kwargs)).encode()
+    return hashlib.blake2b(asked, digest_size=16).digest()
 
 
 class ReusedId(Exception):
