@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import trio
 
-from pairlink import connect, handler, open_server, service
+from pairlink import Client, Server, connect, handler, open_server, service
+from pairlink._server.actor import Actor
 from pairlink._server.mailbox import RESERVE_DIVISOR
 from tests.service_peers import wait_for
 
@@ -38,6 +39,16 @@ class Svc:
         return "done"
 
 
+async def fill(svc: Svc, server: Server, client: Client, nursery: trio.Nursery) -> Actor:
+    """``client``'s slow calls, until they hold every running slot but the reserve and some
+    wait in the queue; the service's actor."""
+    actor = server.actors["svc"]
+    for _ in range(SLOW_CALLS):
+        nursery.start_soon(client.call, "svc", "slow")
+    await wait_for(lambda: svc.running == CONCURRENCY - RESERVE and actor.queued > 0)
+    return actor
+
+
 async def test_a_quick_call_starts_beside_another_callers_slow_backlog() -> None:
     svc = Svc()
     async with (
@@ -46,11 +57,8 @@ async def test_a_quick_call_starts_beside_another_callers_slow_backlog() -> None
         connect(server.url, timeout=60) as second,
         trio.open_nursery() as nursery,
     ):
-        actor = server.actors["svc"]
-        for _ in range(SLOW_CALLS):
-            nursery.start_soon(first.call, "svc", "slow")
         # the first caller fills every running slot it may, and queues the rest
-        await wait_for(lambda: svc.running == CONCURRENCY - RESERVE and actor.queued > 0)
+        await fill(svc, server, first, nursery)
         with trio.fail_after(5):
             assert await second.call("svc", "quick") == "done"
         assert svc.running == CONCURRENCY - RESERVE  # the backlog did not grow into the reserve
@@ -65,10 +73,7 @@ async def test_a_lone_caller_leaves_the_reserve_idle_and_still_gets_every_call_r
         connect(server.url, timeout=60) as only,
         trio.open_nursery() as nursery,
     ):
-        actor = server.actors["svc"]
-        for _ in range(SLOW_CALLS):
-            nursery.start_soon(only.call, "svc", "slow")
-        await wait_for(lambda: svc.running == CONCURRENCY - RESERVE and actor.queued > 0)
+        actor = await fill(svc, server, only, nursery)
         assert actor.running == CONCURRENCY - RESERVE
         svc.release.set()
         await wait_for(lambda: actor.held == 0, within=20)
