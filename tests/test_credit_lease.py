@@ -20,10 +20,10 @@ from pairlink._amqp.link import Link
 from pairlink._amqp.performatives import Detach
 from pairlink._config.limits import DRAIN_TIMEOUT
 from pairlink._server.config import parse_serve_config
-from pairlink._server.mailbox import RESERVE_DIVISOR
+from pairlink._server.mailbox import RESERVE_DIVISOR, STARVED_AFTER
 from pairlink._server.service import DEFAULT_MAILBOX
 from pairlink._server.serving import Server
-from tests.service_peers import RawClient, raw_client
+from tests.service_peers import RawClient, raw_client, wait_for
 
 URL = "amqp://127.0.0.1:0"
 
@@ -117,3 +117,34 @@ def test_drain_timeout_is_read_from_the_limits_table_and_checked() -> None:
     assert config.limits == Limits(drain_timeout=1.5)
     with pytest.raises(ConfigError, match=r"limits\.drain_timeout"):
         parse_serve_config('[limits]\ndrain_timeout = "soon"\n')
+
+
+@service("busy", max_concurrency=1, mailbox=1)
+class Busy:
+    @handler
+    async def hold(self) -> None:
+        await trio.sleep_forever()
+
+
+async def test_a_service_whose_callers_wait_for_credit_says_so_and_names_the_holders(
+    io_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        open_server(Busy, listen=URL) as server,
+        connect(server.url, timeout=600, container_id="holder") as holder,
+        connect(server.url, timeout=600) as waiting,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(holder.call, "busy", "hold")  # the one slot, for as long as it runs
+        await wait_for(lambda: server.actors["busy"].held == 1)
+        nursery.start_soon(waiting.call, "busy", "hold")  # no credit for this one
+        assert await waiting.call("$health", "check", service="busy") == {"status": "serving"}
+        await trio.sleep(STARVED_AFTER + 1)
+        report = await waiting.call("$health", "check", service="busy")
+        assert report["status"] == "serving"
+        assert report["waiting_for_credit"] >= STARVED_AFTER
+        (holder_line,) = report["credit_holders"]
+        assert holder_line.endswith(": 1 calls, 0 credit")
+        assert "user anonymous" in holder_line
+        nursery.cancel_scope.cancel()  # (the calls are the test's means, not its subject)
+    assert any("credit.starved" in record.getMessage() for record in caplog.records)

@@ -122,6 +122,11 @@ class RequestLink(LinkOwner):
         if self.end.usable:
             self.end.conn.flow(self.end.link, credit, drain=True)
 
+    def describe(self) -> str:
+        conn = self.end.conn
+        user = conn.sasl_identity or "-"
+        return f"conn {conn.id} peer {conn.peer} user {user} link {self.end.link.name}"
+
     def revoke(self, error: Error) -> None:
         """The mailbox takes back the credit of this link, which ignored a drain: detached
         with ``error``, and the holder named in the log."""

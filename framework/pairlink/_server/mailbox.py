@@ -61,6 +61,10 @@ _REVOKED = (
     "give the rest of the credit back: a flow with drain)"
 )
 
+STARVED_AFTER = 10.0
+"""Seconds a request link may wait for credit before the service says so: logged once
+(``credit.starved``, naming who holds the most credit) and reported by ``$health``."""
+
 RESERVE_DIVISOR = 32
 """A mailbox keeps ``bound // RESERVE_DIVISOR`` slots for callers that hold nothing (4 of the
 default 128; none below 32, where one slot is too large a part to set aside): a few new callers'
@@ -91,6 +95,8 @@ class CreditedLink(Protocol):
     def set_credit(self, credit: int) -> None: ...
     def drain(self, credit: int) -> None: ...
     def revoke(self, error: Error) -> None: ...
+    def describe(self) -> str:
+        """Who holds this link, for a log line or a health report."""
 
 
 @attrs.define(eq=False)
@@ -141,7 +147,9 @@ class Mailbox(Generic[CallT]):
         self.drained = trio.Event()  # closed, and every call held has been released
         self._linked = 0  # callers with links: the share is divided among them
         self._waiting: dict[Caller[CallT], None] = {}  # callers with hungry links, in turn order
-        self._blocked: dict[CreditedLink, None] = {}  # hungry links with no credit at all
+        # hungry links with no credit at all, since when (oldest first)
+        self._blocked: dict[CreditedLink, float] = {}
+        self._starved_since = math.inf  # the wait last reported (credit.starved)
         self._credited: dict[CreditedLink, None] = {}  # links holding credit
         self._draining: dict[CreditedLink, None] = {}  # links asked to drain, oldest first
         self.revoked = 0  # links whose credit was revoked (they ignored a drain)
@@ -305,7 +313,9 @@ class Mailbox(Generic[CallT]):
                 await self._grant_soon.wait()
             if self._grant_soon.is_set():
                 self._grant_soon = trio.Event()
-            self._revoke_overdue(trio.current_time())
+            now = trio.current_time()
+            self._revoke_overdue(now)
+            self._report_starved(now)
             self.distribute()
 
     def distribute(self) -> None:
@@ -405,7 +415,7 @@ class Mailbox(Generic[CallT]):
         caller = ledger.caller
         caller.hungry.setdefault(origin, None)
         if not ledger.granted:
-            self._blocked[origin] = None
+            self._blocked.setdefault(origin, trio.current_time())
         self._waiting.setdefault(caller, None)
         self._replenish()
 
@@ -474,10 +484,46 @@ class Mailbox(Generic[CallT]):
         self._draining.pop(origin, None)
 
     def _next_due(self) -> float:
-        """When the oldest drain falls due (``inf``: none is pending)."""
+        """When the oldest drain falls due, or a wait for credit becomes worth reporting
+        (``inf``: neither is pending)."""
+        due = math.inf
         for origin in self._draining:
-            return origin.ledger.drain_due
-        return math.inf
+            due = origin.ledger.drain_due
+            break
+        for since in self._blocked.values():
+            if since != self._starved_since:
+                due = min(due, since + STARVED_AFTER)
+            break
+        return due
+
+    def starved(self, now: float) -> tuple[float, list[str]] | None:
+        """How long the longest waiting link has waited for credit, and the callers that
+        hold the most of the mailbox meanwhile (calls and credit; 5 at most), if it has waited
+        ``STARVED_AFTER`` seconds or more."""
+        for since in self._blocked.values():
+            if now - since < STARVED_AFTER:
+                return None
+            callers = sorted(self.callers.values(), key=lambda c: c.use, reverse=True)
+            holders = [
+                f"{next(iter(caller.links)).describe()}: {caller.held} calls, "
+                f"{caller.credit} credit"
+                for caller in callers[:5]
+                if caller.use and caller.links
+            ]
+            return now - since, holders
+        return None
+
+    def _report_starved(self, now: float) -> None:
+        """Log, once per waiting link, a wait for credit past ``STARVED_AFTER``."""
+        starved = self.starved(now)
+        if starved is None:
+            return
+        since = next(iter(self._blocked.values()))
+        if since == self._starved_since:
+            return
+        self._starved_since = since
+        waited, holders = starved
+        log.warning("credit.starved", waited=round(waited, 1), holders=holders)
 
     def _revoke_overdue(self, now: float) -> None:
         """Take the credit back from every link whose drain is overdue: detached, so that its

@@ -83,7 +83,7 @@ class Server:
             actors[item.address] = Actor(item, middleware, drain_timeout)
         if HEALTH in actors:
             raise ValueError(f"{HEALTH!r} is the address of the server's own health service")
-        self.health = Health(list(actors))
+        self.health = Health({address: actor.mailbox for address, actor in actors.items()})
         health = Hosted(self.health, spec_of(self.health))
         self._health_actor = Actor(health, drain_timeout=drain_timeout)  # its own mailbox
         builtin = {HEALTH: self._health_actor}
