@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 import trio
+from structlog.testing import capture_logs
 
 from pairlink import ConfigError, Limits, connect, handler, open_server, service
 from pairlink._amqp.errors import RESOURCE_LIMIT_EXCEEDED
@@ -127,24 +128,27 @@ class Busy:
 
 
 async def test_a_service_whose_callers_wait_for_credit_says_so_and_names_the_holders(
-    io_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    io_clock: trio.testing.MockClock,
 ) -> None:
-    async with (
-        open_server(Busy, listen=URL) as server,
-        connect(server.url, timeout=600, container_id="holder") as holder,
-        connect(server.url, timeout=600) as waiting,
-        trio.open_nursery() as nursery,
-    ):
-        nursery.start_soon(holder.call, "busy", "hold")  # the one slot, for as long as it runs
-        await wait_for(lambda: server.actors["busy"].held == 1)
-        nursery.start_soon(waiting.call, "busy", "hold")  # no credit for this one
-        assert await waiting.call("$health", "check", service="busy") == {"status": "serving"}
-        await trio.sleep(STARVED_AFTER + 1)
-        report = await waiting.call("$health", "check", service="busy")
-        assert report["status"] == "serving"
-        assert report["waiting_for_credit"] >= STARVED_AFTER
-        (holder_line,) = report["credit_holders"]
-        assert holder_line.endswith(": 1 calls, 0 credit")
-        assert "user anonymous" in holder_line
-        nursery.cancel_scope.cancel()  # (the calls are the test's means, not its subject)
-    assert any("credit.starved" in record.getMessage() for record in caplog.records)
+    with capture_logs() as logs:
+        async with (
+            open_server(Busy, listen=URL) as server,
+            connect(server.url, timeout=600) as holder,
+            connect(server.url, timeout=600) as waiting,
+            trio.open_nursery() as nursery,
+        ):
+            nursery.start_soon(holder.call, "busy", "hold")  # the one slot, while it runs
+            await wait_for(lambda: server.actors["busy"].held == 1)
+            nursery.start_soon(waiting.call, "busy", "hold")  # no credit for this one
+            report = await waiting.call("$health", "check", service="busy")
+            assert report == {"status": "serving"}
+            await trio.sleep(STARVED_AFTER + 1)
+            report = await waiting.call("$health", "check", service="busy")
+            assert report["status"] == "serving"
+            assert report["waiting_for_credit"] >= STARVED_AFTER
+            (holder_line,) = report["credit_holders"]
+            assert holder_line.endswith(": 1 calls, 0 credit")
+            assert "user anonymous" in holder_line
+            nursery.cancel_scope.cancel()  # (the calls are the test's means, not its subject)
+    (starved,) = [entry for entry in logs if entry["event"] == "credit.starved"]
+    assert starved["holders"] == [holder_line]
