@@ -15,8 +15,19 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from pairlink import ConfigError, Limits, connect, handler, open_server, service
-from pairlink._amqp.errors import RESOURCE_LIMIT_EXCEEDED
+from pairlink import (
+    Client,
+    ConfigError,
+    Limits,
+    LinkDetachedError,
+    PairlinkError,
+    RemoteError,
+    connect,
+    handler,
+    open_server,
+    service,
+)
+from pairlink._amqp.errors import DETACH_FORCED, RESOURCE_LIMIT_EXCEEDED
 from pairlink._amqp.link import Link
 from pairlink._amqp.performatives import Detach
 from pairlink._config.limits import DRAIN_TIMEOUT
@@ -152,3 +163,39 @@ async def test_a_service_whose_callers_wait_for_credit_says_so_and_names_the_hol
             nursery.cancel_scope.cancel()  # (the calls are the test's means, not its subject)
     (starved,) = [entry for entry in logs if entry["event"] == "credit.starved"]
     assert starved["holders"] == [holder_line]
+
+
+async def test_a_call_still_waiting_for_credit_when_the_server_stops_says_so(
+    io_clock: trio.testing.MockClock,
+) -> None:
+    """A graceful stop answers every call held; one that never got credit fails with the
+    condition and text of the stop, not a bare detach (issue 22)."""
+    outcome: list[BaseException] = []
+    both = trio.Event()
+
+    async def call_and_keep_error(client: Client) -> None:
+        try:
+            await client.call("busy", "hold")
+        except PairlinkError as exc:
+            outcome.append(exc)
+        if len(outcome) == 2:
+            both.set()
+
+    async with (
+        open_server(Busy, listen=URL, grace=1.0) as server,
+        connect(server.url, timeout=600) as holder,
+        connect(server.url, timeout=600, reconnect=False) as waiting,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(call_and_keep_error, holder)
+        await wait_for(lambda: server.actors["busy"].held == 1)
+        nursery.start_soon(call_and_keep_error, waiting)
+        await wait_for(lambda: server.actors["busy"].mailbox.starved(1e9) is not None)
+        server.stop()
+        with trio.fail_after(30):
+            await both.wait()
+    held, waited = outcome
+    assert isinstance(held, RemoteError) and held.status == 503  # cut short by the stop
+    assert isinstance(waited, LinkDetachedError)
+    assert waited.condition == DETACH_FORCED
+    assert waited.description == "the server is shutting down"

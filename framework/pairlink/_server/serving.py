@@ -14,7 +14,9 @@ from typing import Unpack
 import attrs
 import trio
 
+from pairlink._amqp.errors import DETACH_FORCED
 from pairlink._amqp.link import Link, LinkState
+from pairlink._amqp.messaging import Error
 from pairlink._client.client import Client, ServiceProxy
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
@@ -208,11 +210,14 @@ class Server:
             self.log.info("server.stopping", grace=self.grace)
             self.health.status = DRAINING  # and it answers so until its links go, below
             await self._drain()
+            # every call held is answered: the links go, saying why (a call still waiting
+            # for credit fails with this condition and text, not a bare detach)
+            why = Error(DETACH_FORCED, "the server is shutting down")
             for listener in self.listeners:
                 for served in list(listener.handlers.values()):
                     for endpoint in served.peer.endpoints():
                         if endpoint.link.state is LinkState.ATTACHED:
-                            served.peer.conn.detach(endpoint.link)
+                            served.peer.conn.detach(endpoint.link, error=why)
 
     async def _drain(self) -> None:
         """Stop credit, let the held calls finish (``grace`` seconds at most), then cancel
