@@ -15,6 +15,7 @@ from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase
 from pairlink._amqp.framing import (
     AMQP_HEADER,
     FRAME_SASL,
+    HEARTBEAT,
     SASL_HEADER,
     Frame,
     FrameReader,
@@ -90,10 +91,6 @@ class SessionOut:
     incoming: int | None = None  # the server's next transfer-id, once its begin has come
 
 
-EMPTY_FRAME = b"\x00\x00\x00\x08\x02\x00\x00\x00"
-"""An AMQP frame with no body (size 8, doff 2, type 0, channel 0): a heartbeat."""
-
-
 class Wire:
     """A hand-driven AMQP peer on one TCP connection (SASL ANONYMOUS). Frames are encoded one
     by one and written when the attack says, past windows, past credit, or without ever ending
@@ -140,7 +137,7 @@ class Wire:
 
     def heartbeat(self) -> None:
         """An empty frame: all that keeps an idle connection alive past the idle timeout."""
-        self._out += EMPTY_FRAME
+        self._out += HEARTBEAT
 
     def begin(self, channel: int) -> None:
         self._sessions[channel] = SessionOut()

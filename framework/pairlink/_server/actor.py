@@ -119,8 +119,7 @@ class Actor:
         # running slots kept for callers that run nothing (2 of 64), as the mailbox keeps
         # slots for callers that hold nothing: one caller's backlog of slow calls never takes
         # them all, and a quick call of another starts at once (none below RESERVE_DIVISOR)
-        self.reserve = spec.max_concurrency // RESERVE_DIVISOR
-        self._shared = spec.max_concurrency - self.reserve
+        self._shared = spec.max_concurrency - spec.max_concurrency // RESERVE_DIVISOR
         # its own pool, not trio's process-wide one (40): no service waits on another's threads
         self._threads = ThreadPool(spec.max_concurrency, spec.address)
         self._handed: deque[Call] = deque()  # taken from the mailbox for a worker task to run

@@ -483,43 +483,41 @@ class Mailbox(Generic[CallT]):
         origin.ledger.drain_due = math.inf
         self._draining.pop(origin, None)
 
+    def _oldest_wait(self) -> float:
+        """Since when the link waiting longest for credit has waited (``inf``: none waits)."""
+        return next(iter(self._blocked.values()), math.inf)
+
     def _next_due(self) -> float:
         """When the oldest drain falls due, or a wait for credit becomes worth reporting
         (``inf``: neither is pending)."""
-        due = math.inf
-        for origin in self._draining:
-            due = origin.ledger.drain_due
-            break
-        for since in self._blocked.values():
-            if since != self._starved_since:
-                due = min(due, since + STARVED_AFTER)
-            break
+        due = next((origin.ledger.drain_due for origin in self._draining), math.inf)
+        since = self._oldest_wait()
+        if since != self._starved_since:
+            due = min(due, since + STARVED_AFTER)
         return due
 
     def starved(self, now: float) -> tuple[float, list[str]] | None:
         """How long the longest waiting link has waited for credit, and the callers that
         hold the most of the mailbox meanwhile (calls and credit; 5 at most), if it has waited
         ``STARVED_AFTER`` seconds or more."""
-        for since in self._blocked.values():
-            if now - since < STARVED_AFTER:
-                return None
-            callers = sorted(self.callers.values(), key=lambda c: c.use, reverse=True)
-            holders = [
-                f"{next(iter(caller.links)).describe()}: {caller.held} calls, "
-                f"{caller.credit} credit"
-                for caller in callers[:5]
-                if caller.use and caller.links
-            ]
-            return now - since, holders
-        return None
+        since = self._oldest_wait()
+        if now - since < STARVED_AFTER:
+            return None
+        callers = sorted(self.callers.values(), key=lambda c: c.use, reverse=True)
+        holders = [
+            f"{next(iter(caller.links)).describe()}: {caller.held} calls, {caller.credit} credit"
+            for caller in callers[:5]
+            if caller.use and caller.links
+        ]
+        return now - since, holders
 
     def _report_starved(self, now: float) -> None:
         """Log, once per waiting link, a wait for credit past ``STARVED_AFTER``."""
+        since = self._oldest_wait()
+        if since == self._starved_since:
+            return  # (reported already, or nobody waits: no sorting of callers for nothing)
         starved = self.starved(now)
         if starved is None:
-            return
-        since = next(iter(self._blocked.values()))
-        if since == self._starved_since:
             return
         self._starved_since = since
         waited, holders = starved

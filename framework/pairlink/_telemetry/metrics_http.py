@@ -67,7 +67,6 @@ class _Endpoint:
         self.registry = registry
         self.heads: dict[trio.CancelScope, None] = {}
         self.answering = 0
-        self.dropped = 0  # sockets dropped to make room
 
     async def answer(self, stream: trio.SocketStream) -> None:
         """One HTTP exchange (parsed by h11): read the request, answer it, close."""
@@ -99,7 +98,6 @@ class _Endpoint:
         for oldest in self.heads:
             del self.heads[oldest]
             oldest.cancel()
-            self.dropped += 1
             return True
         return False
 
