@@ -362,3 +362,55 @@ async def test_queued_calls_are_taken_callers_in_turn(gate: Gate) -> None:
         assert gate.order[:4] == [0, 1, 2, "ping"]
         for _ in range(8):
             gate.permits.release()
+
+
+async def test_idle_credit_at_its_share_is_drained_for_a_caller_holding_nothing(
+    gate: Gate,
+) -> None:
+    """A mailbox of one and two callers: each share is the one slot. The caller holding it as
+    credit and sending nothing is asked to drain, so the other's call is not kept out for as
+    long as that link stays quiet."""
+    box = hosted(gate, mailbox=1, max_concurrency=1)
+    async with (
+        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
+        raw_client(server.url) as idle,
+        raw_client(server.url) as other,
+    ):
+        quiet, _ = idle.pair("gate", "quiet")
+        await idle.read_until(lambda: quiet.link_credit == 1)
+        late, _ = other.pair("gate", "late")
+        await other.wait_attached(late)
+        assert late.link_credit == 0
+        await idle.read_until(lambda: quiet.drain)
+        idle.engine.complete_drain(quiet)  # nothing to send: the slot goes back
+        await idle.flush()
+        await other.read_until(lambda: late.link_credit == 1)
+        mid, _ = other.request(late, "ping")
+        assert wire.parse_reply(await other.wait_reply(mid)) == "pong"
+
+
+async def test_a_freed_slot_goes_to_the_caller_that_waited_not_back_to_its_holder(
+    gate: Gate,
+) -> None:
+    """A mailbox of one: ``busy`` holds the slot with a call and wants credit for its next;
+    ``late`` comes after and waits. When the call ends, the slot is ``late``'s turn."""
+    box = hosted(gate, mailbox=1, max_concurrency=1)
+    async with (
+        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
+        raw_client(server.url) as busy,
+        raw_client(server.url) as other,
+    ):
+        actor = server.actors["gate"]
+        sender, _ = busy.pair("gate", "busy")
+        await busy.read_until(lambda: sender.link_credit == 1)
+        first, _ = busy.request(sender, "hold", 0)
+        await busy.flush()
+        await wait_for(lambda: gate.running == 1)
+        late, _ = other.pair("gate", "late")
+        await other.wait_attached(late)
+        gate.permits.release()
+        await busy.wait_reply(first)
+        await other.read_until(lambda: late.link_credit == 1)
+        assert sender.link_credit == 0 and server_link(actor, "busy").ledger.granted == 0
+        mid, _ = other.request(late, "ping")
+        assert wire.parse_reply(await other.wait_reply(mid)) == "pong"

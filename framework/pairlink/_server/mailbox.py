@@ -13,7 +13,8 @@ Sharing, per connection first, then per link:
   callers that hold nothing (the reserve included), then to callers below their share, then, so
   that no slot idles while anyone waits, to the others. A caller above its share gets nothing
   new while one below it waits: a new caller is admitted as soon as a slot frees, however many
-  calls and links another caller has waiting;
+  calls and links another caller has waiting. A caller whose call ends goes behind the callers
+  that waited meanwhile: with a mailbox of one, the slot takes turns;
 * ``bound // RESERVE_DIVISOR`` slots go only to callers that hold nothing, one each: they let a
   new caller's pipelined first call (LP-10) find its credit while established callers use all
   the rest, and let a caller whose calls have all ended start again.
@@ -257,6 +258,9 @@ class Mailbox(Generic[CallT]):
         self.held -= 1
         caller.held -= 1
         self._freed += 1
+        if caller in self._waiting:  # it had its turn: those that waited meanwhile go first
+            del self._waiting[caller]
+            self._waiting[caller] = None
         if not caller.held and not caller.links:
             self._forget(caller)
         if self.closed and self.held <= 0:
@@ -386,8 +390,12 @@ class Mailbox(Generic[CallT]):
     def _reclaim(self, share: int) -> None:
         """Links still wait with nothing free: drain the links that hold more than their part
         while another link of their connection waits, and, while callers below their share
-        wait, enough credit of the callers above theirs to make up the difference."""
+        wait, enough credit of the callers above theirs to make up the difference. While a
+        caller holding nothing waits, credit held *at* a share is drained too: with more
+        callers than slots every share is one slot, and an idle link's credit would otherwise
+        keep the waiting caller out for as long as that link stays quiet."""
         deficit = sum(share - c.use for c in self._waiting if c.use < share)
+        floor = share - 1 if any(not c.use for c in self._waiting) else share
         coming = 0  # credit already asked back
         for origin in self._credited:
             if origin.ledger.draining:
@@ -401,7 +409,7 @@ class Mailbox(Generic[CallT]):
                 self.detach(origin)
                 continue
             crowded = caller in self._waiting and ledger.granted > self.part(caller, share)
-            if crowded or (coming < deficit and caller.use > share):
+            if crowded or (coming < deficit and caller.use > floor):
                 coming += ledger.granted
                 self._drain(origin)
 
