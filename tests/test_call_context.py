@@ -28,6 +28,7 @@ def _seen(*, fail: bool = False) -> dict[str, Any]:
     return {
         "message_id": call.message_id,
         "user": call.user,
+        "via": list(call.via),
         "container_id": call.container_id,
         "peer": call.peer,
         "deadline": call.deadline,
@@ -82,7 +83,7 @@ async def test_each_kind_of_handler_sees_its_call(operation: str) -> None:
     assert app["seen-by"] == "handler"
     seen = wire.parse_reply(reply.message)
     assert seen["message_id"] == "m-42"
-    assert seen["user"] == "alice"
+    assert (seen["user"], seen["via"]) == ("alice", [])  # a direct call: no gateway vouched
     assert seen["container_id"] == "caller-7"
     assert seen["peer"].startswith("127.0.0.1:")
     assert before + 19 < seen["deadline"] <= deadline.wall_time() + 20

@@ -18,7 +18,8 @@ from pairlink import (
     service,
 )
 from pairlink._client import blocking
-from pairlink._server.calls import Answer
+from pairlink._rpc.caller import Identity
+from pairlink._server.calls import Answer, DedupKey
 from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId
 from pairlink.errors import CallError
 from pairlink.spark import serve_in_thread
@@ -32,8 +33,8 @@ OK = Answer(200, "OK", {"score": 1.0})
 F = b"fingerprint"  # what the calls ask (operation and arguments, digested)
 
 
-def key(mid: str, user: str | None = "alice") -> tuple[str | None, str]:
-    return (user, mid)
+def key(mid: str, user: str | None = "alice") -> DedupKey:
+    return (Identity(user), mid)
 
 
 def test_a_finished_call_is_answered_from_the_store_until_its_window_ends() -> None:

@@ -120,6 +120,10 @@ def test_every_key_is_read(tls_files: TlsFiles) -> None:
         [users.{CLIENT_IDENTITY}]
         certificate = true
 
+        [users.gateway-o]
+        password_env = "GATEWAY_O_PASSWORD"
+        vouches = true
+
         [[service]]
         module = "billing:Invoices"
         address = "invoices"
@@ -139,21 +143,30 @@ def test_every_key_is_read(tls_files: TlsFiles) -> None:
         level = "warning"
         format = "json"
     """)
-    config = parse_serve_config(text, environ={"ALICE_PASSWORD": "s3cret"})
+    config = parse_serve_config(
+        text, environ={"ALICE_PASSWORD": "s3cret", "GATEWAY_O_PASSWORD": "g4te"}
+    )
     assert config.listen == ("amqp://127.0.0.1:5672", "amqps://0.0.0.0:5671")
     assert config.metrics_listen == "127.0.0.1:9464"
     assert config.workers == 1
     assert config.tls == ConfigTlsFiles(
         str(tls_files.server_cert), str(tls_files.server_key), str(tls_files.ca_cert)
     )
-    assert config.users == {"alice": "s3cret"}
+    assert config.users == {"alice": "s3cret", "gateway-o": "g4te"}
     assert config.certificate_users == {CLIENT_IDENTITY}
+    assert config.vouching_users == {"gateway-o"}
     assert config.services == (
         ServiceEntry("billing:Invoices", "invoices", 8, 64, 300.0, 50000),
         ServiceEntry("billing"),
     )
     assert config.limits == Limits(handshake_timeout=5.0, max_connections=1000)
     assert (config.log_level, config.log_format) == ("warning", "json")
+
+
+def test_vouches_is_true_or_absent() -> None:
+    text = '[users.gw]\npassword_env = "GW"\nvouches = 1\n'
+    with pytest.raises(ConfigError, match=r"^<config>:3: users\.gw\.vouches: vouches = true"):
+        parse_serve_config(text, environ={"GW": "g4te"})
 
 
 def test_a_tls_table_without_listen_is_for_the_command_line(tls_files: TlsFiles) -> None:

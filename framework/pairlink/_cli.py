@@ -381,6 +381,7 @@ def _serve(options: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
         users=config.users,
         # with [users], only its certificate users; without, any certificate client_ca verified
         certificate_users=None if config.users is None else config.certificate_users,
+        vouching_users=config.vouching_users,
         ssl_context=ssl_context,
         limits=config.limits,
         reuse_port=worker is not None,

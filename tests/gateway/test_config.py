@@ -174,7 +174,7 @@ REFUSALS = [
         replace("ops = { password_env", 'ops = { password = "x", password_env'),
         8,
         "users.ops.password",
-        "unknown key (known here: password_env, certificate)",
+        "unknown key (known here: password_env, certificate, vouches)",
         id="unknown-user-key",
     ),
     pytest.param(
@@ -598,6 +598,14 @@ def test_certificate_user_mistakes_are_refused(
     with pytest.raises(ConfigError) as caught:
         parse_config(TLS_CONFIG + users, source="gn.toml", base=conf_dir, environ=ENV)
     assert f": {key}: {problem}" in str(caught.value)
+
+
+def test_users_trusted_to_vouch_for_their_callers_are_read() -> None:
+    text = replace("ops = { password_env", "ops = { vouches = true, password_env")
+    assert parse(text).vouching_users == {"ops"}
+    assert parse(VALID).vouching_users == frozenset()
+    problem = refusal(replace("ops = { password_env", 'ops = { vouches = "yes", password_env'))
+    assert problem.startswith("gn.toml:8: users.ops.vouches: vouches = true"), problem
 
 
 def test_an_unreadable_file_is_a_config_error(tmp_path: Path) -> None:

@@ -60,7 +60,7 @@ Table: TypeAlias = dict[str, object]
 says, each checked where it is read."""
 
 _TLS_KEYS = ("cert", "key", "client_ca")
-_USER_KEYS = ("password_env", "certificate")
+_USER_KEYS = ("password_env", "certificate", "vouches")
 _LIMIT_SECONDS = ("handshake_timeout", "login_penalty", "drain_timeout")
 _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_connections": "connections",
@@ -145,6 +145,19 @@ class TomlReader:
         if not users and not certificate_users:
             self.fail(("users",), "no users: remove [users] to let anonymous peers in")
         return users, frozenset(certificate_users)
+
+    def vouching_users(self, document: Table) -> frozenset[str]:
+        """The ``[users]`` with ``vouches = true``: gateways trusted to vouch for the callers
+        they carry (:mod:`pairlink._rpc.caller`)."""
+        names = set()
+        for name, entry in self.table(document.get("users", {}), ("users",), None).items():
+            table = self.table(entry, ("users", name), _USER_KEYS)
+            if "vouches" in table:
+                if table["vouches"] is not True:
+                    why = "vouches = true (a gateway trusted to vouch for its callers), or none"
+                    self.fail(("users", name, "vouches"), why)
+                names.add(name)
+        return frozenset(names)
 
     def certificates_verified(self, certificate_users: Set[str], tls: TlsFiles | None) -> None:
         """Certificate users need ``[tls] client_ca``: only a certificate that CA verified

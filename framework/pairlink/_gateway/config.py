@@ -56,6 +56,8 @@ class GatewayConfig:
     (name -> password) allowed to connect inbound (None: anonymous peers are allowed);
     ``certificate_users``: users who log in with a client certificate instead (SASL EXTERNAL:
     the certificate's common name, else its first subjectAltName, is the user);
+    ``vouching_users``: users (gateways before this one) trusted to vouch for the callers
+    they carry, so that this gateway vouches for those callers in turn, not for them;
     ``tls_cert``/``tls_key``: PEM files for an ``amqps`` listener; ``tls_client_ca``: PEM CAs
     that must have signed every inbound peer's certificate (mutual TLS); ``idle_timeout``: seconds
     of silence after which a connection (inbound or upstream) is declared dead;
@@ -75,6 +77,7 @@ class GatewayConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     certificate_users: frozenset[str] = frozenset()
+    vouching_users: frozenset[str] = frozenset()
     container_id: str | None = None
     idle_timeout: float = 30.0
     attach_timeout: float = 10.0
@@ -197,6 +200,7 @@ class _Reader(TomlReader):
             tls_key=None if tls is None else tls.key,
             tls_client_ca=client_ca,
             certificate_users=certificate_users,
+            vouching_users=self.vouching_users(document),
             container_id=self.optional(document, (), "container_id"),
             metrics_listen=self.metrics_listen(document),
             **limits,

@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from pairlink._amqp.errors import (
+    INVALID_FIELD,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     RESOURCE_LIMIT_EXCEEDED,
@@ -37,6 +38,7 @@ from pairlink._gateway.routing import RoutingRelay
 from pairlink._gateway.upstream import Upstream
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import Listener, listen
+from pairlink._rpc.caller import Identity, InvalidClaim, judge_caller
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0, PairHalf, judge_attach
 from pairlink._rpc.wire import CALL_ENVELOPE
 from pairlink._telemetry.logs import get_logger
@@ -94,9 +96,11 @@ class Downstream:
                 why = f"{self.user or 'an anonymous peer'} may use no route of this gateway"
                 self._refuse(link, half, UNAUTHORIZED_ACCESS, why)
                 return
-            lease = self._lease(link, half)
-            if lease is not None:
-                self.relays[link.name] = RoutingRelay(self, context, link.name, link, lease)
+            caller = self._caller(link, half)
+            lease = None if caller is None else self._lease(link, half)
+            if caller is not None and lease is not None:
+                relay = RoutingRelay(self, context, link.name, link, lease, caller)
+                self.relays[link.name] = relay
             return
         if address == HEALTH:  # answered here, whatever the routes (a route may not be $health)
             self.relays[link.name] = HealthPair(self, context, link.name, link)
@@ -111,14 +115,32 @@ class Downstream:
             why = f"{self.user or 'an anonymous peer'} may not use {route.public!r}"
             self._refuse(link, half, UNAUTHORIZED_ACCESS, why)
             return
-        lease = self._lease(link, half)
-        if lease is None:
+        caller = self._caller(link, half)
+        lease = None if caller is None else self._lease(link, half)
+        if caller is None or lease is None:
             return
-        pair = PairRelay(self, route, link.name, link, lease)
+        pair = PairRelay(self, route, link.name, link, lease, caller)
         self.relays[link.name] = pair
         release = self.conn.hold_input()
         upstream = context.upstreams[route.public]
         context.start_soon(pair.open, upstream, context.attach_timeout, release)
+
+    def _caller(self, link: Link, half: PairHalf) -> Identity | None:
+        """Whom a new pair carries for, to vouch for upstream: the peer's user, or the caller
+        it vouches for if the gateway trusts it to (``vouching_users``); a claim of anyone
+        else is dropped here. None, with the link refused: a malformed trusted claim."""
+        remote = link.remote_attach
+        assert remote is not None
+        try:
+            caller, ignored = judge_caller(
+                self.user, remote.properties, self.context.vouching_users
+            )
+        except InvalidClaim as exc:
+            self._refuse(link, half, INVALID_FIELD, str(exc))
+            return None
+        if ignored:
+            self.log.debug("caller.claim_ignored", name=link.name)
+        return caller
 
     def _lease(self, link: Link, half: PairHalf) -> PairLease | None:
         """A place for a new pair, or None with the link refused: ``max_pairs`` are carried,
@@ -171,6 +193,7 @@ class Gateway:
             pairs=self.pairs,
             attach_timeout=config.attach_timeout,
             start_soon=self.start_soon,
+            vouching_users=config.vouching_users,
         )
         self._nursery: trio.Nursery | None = None
         self.log = log.bind(container=self.container_id)

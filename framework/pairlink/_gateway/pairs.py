@@ -27,6 +27,7 @@ from pairlink._gateway.relay import Hop
 from pairlink._gateway.upstream import Upstream, UpstreamUnavailable
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner
+from pairlink._rpc.caller import Identity
 from pairlink._rpc.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
 from pairlink._telemetry.logs import get_logger
 
@@ -127,14 +128,16 @@ class RelayOwner(Protocol):
 @attrs.frozen
 class RelayContext:
     """What the relays of one gateway share: its routes and the upstream of each (by public
-    address), its pair budget, how long an upstream pair may take to attach, and
-    ``start_soon``, which runs a set-up task for as long as the gateway runs."""
+    address), its pair budget, how long an upstream pair may take to attach,
+    ``start_soon``, which runs a set-up task for as long as the gateway runs, and the users it
+    trusts to vouch for their callers."""
 
     routes: Mapping[str, Route]
     upstreams: Mapping[str, Upstream]
     pairs: PairBudget
     attach_timeout: float
     start_soon: Callable[..., None]
+    vouching_users: frozenset[str] = frozenset()
 
 
 def scrubbed(error: Error, route: Route) -> Error:
@@ -176,13 +179,17 @@ def admit_half(conn: AmqpConnection, link: Link, halves: dict[bool, PairHalf]) -
 
 class UpstreamPair:
     """The gateway's own pair to ``route``'s next hop: a new link name, the gateway's own
-    terminus addresses, the next hop's address as the node. Its ends report to ``owner``,
+    terminus addresses, the next hop's address as the node, and on both attaches the
+    ``caller`` it carries for, vouched (``pairlink:caller``). Its ends report to ``owner``,
     which calls ``changed()`` on every event so that ``open`` sees progress."""
 
-    def __init__(self, route: Route, owner: LinkOwner, snd_settle_mode: int) -> None:
+    def __init__(
+        self, route: Route, owner: LinkOwner, snd_settle_mode: int, caller: Identity
+    ) -> None:
         self.route = route
         self.owner = owner
         self.snd_settle_mode = snd_settle_mode
+        self.caller = caller
         self.sender: LinkEnd | None = None
         self.receiver: LinkEnd | None = None
         self.failure: Error | None = None
@@ -212,6 +219,7 @@ class UpstreamPair:
     def _attach(self, conn: AmqpConnection, session: Session) -> None:
         name = conn.link_name("gw")
         address = self.route.address
+        properties = {**paired_properties(), **self.caller.properties()}
         sender = conn.attach(
             session=session,
             name=name,
@@ -219,7 +227,7 @@ class UpstreamPair:
             source=Source(address=name),
             target=Target(address=address),
             snd_settle_mode=self.snd_settle_mode,
-            properties=paired_properties(),
+            properties=properties,
         )
         receiver = conn.attach(
             session=session,
@@ -229,7 +237,7 @@ class UpstreamPair:
             target=Target(address=name),
             snd_settle_mode=self.snd_settle_mode,
             rcv_settle_mode=RCV_FIRST,
-            properties=paired_properties(),
+            properties=properties,
         )
         self.sender = LinkEnd(conn, sender, self.owner)
         self.receiver = LinkEnd(conn, receiver, self.owner)
@@ -278,10 +286,17 @@ class UpstreamPair:
 
 
 class PairRelay:
-    """One downstream pair (link ``name`` on ``downstream``) and its upstream pair."""
+    """One downstream pair (link ``name`` on ``downstream``) and its upstream pair, which
+    vouches for ``caller``."""
 
     def __init__(
-        self, downstream: RelayOwner, route: Route, name: str, first: Link, lease: PairLease
+        self,
+        downstream: RelayOwner,
+        route: Route,
+        name: str,
+        first: Link,
+        lease: PairLease,
+        caller: Identity,
     ) -> None:
         self.downstream = downstream
         self.route = route
@@ -295,7 +310,7 @@ class PairRelay:
         self.ready = False
         remote = first.remote_attach
         assert remote is not None
-        self.upstream = UpstreamPair(route, self, remote.snd_settle_mode)
+        self.upstream = UpstreamPair(route, self, remote.snd_settle_mode, caller)
         self._log = log.bind(conn=downstream.conn.id, link=name, public=route.public)
         self.add_half(first)
 

@@ -34,6 +34,7 @@ from pairlink._gateway.pairs import (
 )
 from pairlink._gateway.relay import Hop
 from pairlink._io.links import LinkEnd
+from pairlink._rpc.caller import Identity
 from pairlink._rpc.linkpair import PairHalf, paired_properties
 from pairlink._telemetry.logs import get_logger
 
@@ -50,7 +51,7 @@ class _Leg:
     ) -> None:
         self.route = route
         self.lease = lease
-        self.upstream = UpstreamPair(route, node, snd_settle_mode)
+        self.upstream = UpstreamPair(route, node, snd_settle_mode, node.caller)
         self.requests = Hop(inbound=node.inbound)
         self.replies = Hop(outbound=node.outbound)
         self.ready = False
@@ -58,7 +59,7 @@ class _Leg:
 
 class RoutingRelay:
     """A downstream pair with anonymous termini (link ``name``) and its legs by route, on
-    the routes, pair budget and upstreams of ``context``."""
+    the routes, pair budget and upstreams of ``context``; each leg vouches for ``caller``."""
 
     def __init__(
         self,
@@ -67,8 +68,10 @@ class RoutingRelay:
         name: str,
         first: Link,
         lease: PairLease,
+        caller: Identity,
     ) -> None:
         self.downstream = downstream
+        self.caller = caller
         self.context = context
         self.name = name
         self.lease = lease

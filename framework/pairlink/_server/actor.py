@@ -222,7 +222,7 @@ class Actor:
                 )
             mid = request.message_id
             if self.dedup is not None and isinstance(mid, str) and len(mid) <= MAX_ID_LENGTH:
-                key = (origin.end.conn.sasl_identity, mid)
+                key = (origin.caller, mid)
                 if self._repeat(self.dedup, call, key):
                     return
                 call.key = key

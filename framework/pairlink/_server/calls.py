@@ -13,6 +13,7 @@ import attrs
 from pairlink._amqp.link import Delivery, Link
 from pairlink._amqp.messaging import DeliveryState, Message, Properties
 from pairlink._io.links import LinkEnd
+from pairlink._rpc.caller import Identity
 from pairlink._rpc.payload import Encoding
 from pairlink._rpc.tracing import TraceScope
 from pairlink._rpc.wire import Request
@@ -23,7 +24,10 @@ from pairlink._server.service import Operation
 
 class Origin(CreditedLink, Protocol):
     """Where calls come from, as the actor sees it (:class:`pairlink._server.container.
-    RequestLink`): the mailbox's view, plus outcomes and reply routing (LP-8)."""
+    RequestLink`): the mailbox's view, plus who calls on it, outcomes and reply routing
+    (LP-8)."""
+
+    caller: Identity  # judged on its attach (pairlink._rpc.caller)
 
     @property
     def end(self) -> LinkEnd: ...
@@ -60,9 +64,10 @@ class CallObserver(Protocol):
     def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
 
 
-DedupKey = tuple[str | None, str]
-"""How a service's dedup store knows a call: who called (its SASL user; None: none) and the
-message-id it gave the call (:mod:`pairlink._server.dedup`)."""
+DedupKey = tuple[Identity, str]
+"""How a service's dedup store knows a call: who called (its SASL user, or the caller a trusted
+gateway vouched for, with the gateways it came through) and the message-id it gave the call
+(:mod:`pairlink._server.dedup`)."""
 
 
 @attrs.define(slots=True)
@@ -108,9 +113,11 @@ class Call(Arrival):
             conn = self.origin.end.conn
             opened = conn.remote_open
             request = self.request
+            caller = self.origin.caller
             self.context = CallContext(
                 message_id=request.message_id,
-                user=conn.sasl_identity,
+                user=caller.user,
+                via=caller.via,
                 container_id=None if opened is None else opened.container_id,
                 peer=conn.peer,
                 deadline=request.deadline,

@@ -43,15 +43,18 @@ class ServeConfig:
     """``listen``: the ``amqp[s]://host:port`` URLs to listen on, one listener each (empty:
     the CLI's); ``tls``: the ``[tls]`` files for the ``amqps`` ones; ``users``: SASL PLAIN
     users (None: anonymous peers allowed); ``certificate_users``: users who log in with a
-    client certificate that ``tls.client_ca`` verified (SASL EXTERNAL); ``services``: the
-    ``[[service]]`` tables; ``limits``: the ``[limits]`` table; ``log_level``/``log_format``:
-    the ``[log]`` table (None: the CLI's); ``metrics_listen``: ``host:port`` of the Prometheus
-    endpoint (None: none); ``workers``: the worker processes to run (None: the CLI's)."""
+    client certificate that ``tls.client_ca`` verified (SASL EXTERNAL); ``vouching_users``:
+    the users with ``vouches = true``, gateways trusted to vouch for the callers they carry;
+    ``services``: the ``[[service]]`` tables; ``limits``: the ``[limits]`` table;
+    ``log_level``/``log_format``: the ``[log]`` table (None: the CLI's); ``metrics_listen``:
+    ``host:port`` of the Prometheus endpoint (None: none); ``workers``: the worker processes to
+    run (None: the CLI's)."""
 
     listen: tuple[str, ...] = ()
     tls: TlsFiles | None = None
     users: dict[str, str] | None = None
     certificate_users: frozenset[str] = frozenset()
+    vouching_users: frozenset[str] = frozenset()
     services: tuple[ServiceEntry, ...] = ()
     limits: Limits | None = None
     log_level: str | None = None
@@ -135,6 +138,7 @@ class _Reader(TomlReader):
             tls=tls,
             users=users,
             certificate_users=certificate_users,
+            vouching_users=self.vouching_users(document),
             services=self.services(document),
             limits=self.limits(document["limits"]) if "limits" in document else None,
             metrics_listen=self.metrics_listen(document),

@@ -36,6 +36,13 @@ transfer arrives (a transfer beyond credit is never held); the caller may attach
 for credit. Credit is taken back with a drain, never by lowering it, so a transfer that was
 already on its way when credit was taken back is still answered.
 
+Callers. A request link's caller is its connection's SASL user, unless that user is one the
+server trusts to vouch for its callers (``vouching_users``, a gateway's) and the attach names
+one (``pairlink:caller``, :mod:`pairlink._rpc.caller`): then it is the caller named. The dedup
+store keeps replies per caller, and handlers see it as ``current_call().user``. A claim from a
+user not trusted is ignored (logged at debug); a malformed one from a trusted user refuses the
+link with ``amqp:invalid-field``.
+
 ``RequestLink`` and ``ReplyLink`` own their link ends (:class:`pairlink._io.links.LinkOwner`)
 and hear each link's events (message, flow, outcome, detach): the credit and the queueing are
 the actor's, not a ready-made receiver's or sender's.
@@ -46,6 +53,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections import deque
+from collections.abc import Collection
 from typing import Unpack
 
 import attrs
@@ -69,6 +77,7 @@ from pairlink._config.limits import MAX_LINKS_TOTAL
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.facade import AcceptFields
 from pairlink._io.links import LinkEnd, LinkOwner, accept
+from pairlink._rpc.caller import Identity, InvalidClaim, judge_caller
 from pairlink._rpc.linkpair import (
     PairHalf,
     Refusal,
@@ -95,11 +104,13 @@ class RequestLink(LinkOwner):
         actor: Actor,
         peer: Peer,
         half: PairHalf,
+        caller: Identity,
         **answer: Unpack[AcceptFields],
     ) -> None:
         self.actor = actor
         self.ledger = actor.mailbox.ledger(conn, link)  # its credit, as the mailbox counts it
         self.peer = peer
+        self.caller = caller
         self.half = half
         self.pair: ReplyLink | None = None  # the paired half, once both are attached
         self.end = accept(conn, link, self, **answer)
@@ -325,10 +336,15 @@ class Container:
     :class:`ReplyLink` its replies go out on."""
 
     def __init__(
-        self, actors: dict[str, Actor], container_id: str, max_links_total: int = MAX_LINKS_TOTAL
+        self,
+        actors: dict[str, Actor],
+        container_id: str,
+        max_links_total: int = MAX_LINKS_TOTAL,
+        vouching_users: Collection[str] = frozenset(),
     ) -> None:
         self.actors = actors
         self.container_id = container_id
+        self.vouching_users = frozenset(vouching_users)
         self.links = LinkBudget(max_links_total)
         self.log = log.bind(container=container_id)
         self._dynamic = itertools.count(1)
@@ -379,12 +395,16 @@ class Container:
             self._refuse(peer, link, half, refusal)
             return
         assert actor is not None
+        caller = self._caller(peer, link, half)
+        if caller is None:
+            return
         endpoint = RequestLink(
             peer.conn,
             link,
             actor,
             peer,
             half,
+            caller,
             target=target,
             properties=paired_properties() if half.paired else None,
             rcv_settle_mode=RCV_FIRST,  # we settle requests ourselves, at once
@@ -439,6 +459,20 @@ class Container:
         peer.add(endpoint)
         if half.paired and isinstance(other, RequestLink):
             other.pair = endpoint
+
+    def _caller(self, peer: Peer, link: Link, half: PairHalf) -> Identity | None:
+        """Who calls on a request link (see the module docstring); None: the link is refused."""
+        user = peer.conn.sasl_identity
+        remote = link.remote_attach
+        assert remote is not None
+        try:
+            caller, ignored = judge_caller(user, remote.properties, self.vouching_users)
+        except InvalidClaim as exc:
+            self._refuse(peer, link, half, Refusal(INVALID_FIELD, str(exc), null_terminus=False))
+            return None
+        if ignored:
+            self.log.debug("caller.claim_ignored", conn=peer.conn.id, link=link.name, user=user)
+        return caller
 
     def _refuse(self, peer: Peer, link: Link, half: PairHalf, refusal: Refusal) -> None:
         self.log.info(

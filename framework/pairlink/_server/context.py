@@ -36,13 +36,18 @@ class CallContext:
     """
 
     message_id: MessageId | None
-    user: str | None  # the caller's SASL identity; None: it did not authenticate
+    # who called: their SASL user, also behind gateways this server trusts to vouch for their
+    # callers (``vouching_users``); None: they did not authenticate
+    user: str | None
     container_id: str | None  # the container-id of the caller's connection (its open)
     peer: str  # the caller's network address
     deadline: float | None  # wall-clock seconds since the epoch, as pairlink._rpc.deadline
     application_properties: Mapping[str, Decoded]  # the request's, read-only
     service: str  # the address of the service called (as this server serves it)
     operation: str  # the operation called
+    # the SASL users of the gateways that vouched for ``user``, the caller's side first; the
+    # last is this connection's (empty: ``user`` called directly)
+    via: tuple[str, ...] = ()
     reply_properties: dict[str, object] = attrs.field(factory=dict)
 
 

@@ -7,10 +7,13 @@ answer a repeat with the reply it already gave instead of running the handler ag
 handler's effect happens once per id. This is Service Bus's duplicate detection applied to RPC.
 
 A repeat is recognised by who called and what it asks, not by the message-id alone: the key
-is the caller's SASL user and the message-id, and each call's fingerprint (the operation and a
-digest of its arguments) must match the one the id was first used for. So one caller never
-gets another's reply (a different user is a different key), and an id reused for a different
-call is refused (:class:`ReusedId`), never answered with the other call's reply.
+is the caller and the message-id, and each call's fingerprint (the operation and a digest of
+its arguments) must match the one the id was first used for. The caller is the SASL user, or,
+behind a gateway the service trusts to vouch (``vouching_users``), the caller that gateway
+named and the gateways it came through (:mod:`pairlink._rpc.caller`): two users behind one
+gateway are two callers. So one caller never gets another's reply (a different caller is a
+different key), and an id reused for a different call is refused (:class:`ReusedId`), never
+answered with the other call's reply.
 
 Only string message-ids up to ``MAX_ID_LENGTH`` characters are tracked: our own client numbers
 its calls with ints (a counter per connection, unique on that connection only), so an int is

@@ -75,6 +75,7 @@ class Server:
         middleware: Sequence[Middleware] = (),
         drain_timeout: float = DRAIN_TIMEOUT,
         max_links_total: int = MAX_LINKS_TOTAL,
+        vouching_users: Collection[str] = (),
     ) -> None:
         self.hosted = list(hosted)
         actors: dict[str, Actor] = {}
@@ -90,7 +91,10 @@ class Server:
         self._health_actor = Actor(health, drain_timeout=drain_timeout)  # its own mailbox
         builtin = {HEALTH: self._health_actor}
         self.container = Container(
-            actors | builtin, container_id or f"pairlink-{uuid.uuid4()}", max_links_total
+            actors | builtin,
+            container_id or f"pairlink-{uuid.uuid4()}",
+            max_links_total,
+            vouching_users,
         )
         self.actors = actors  # the user's services (what a graceful stop drains)
         self.container_id = self.container.container_id
@@ -307,6 +311,7 @@ class ServeOptions(ListenOptions, total=False):
     limits: Limits | None
     metrics_listen: str | None
     middleware: Sequence[Middleware]
+    vouching_users: Collection[str]
 
 
 @asynccontextmanager
@@ -321,6 +326,7 @@ async def open_server(
     limits: Limits | None = None,
     metrics_listen: str | None = None,
     middleware: Sequence[Middleware] = (),
+    vouching_users: Collection[str] = (),
     **options: Unpack[ListenOptions],
 ) -> AsyncIterator[Server]:
     """Serve ``services`` (``@service`` classes, instances, or ``hosted(...)``) for the
@@ -345,6 +351,9 @@ async def open_server(
     there (``server.metrics_url``; needs ``prometheus_client``, the ``metrics`` extra).
     ``middleware``: async callables ``mw(call, proceed)`` around every call of every service
     (not the health checks), the first outermost, outside each service's own.
+    ``vouching_users``: SASL users (gateways') trusted to vouch for the callers they carry
+    (``pairlink:caller``): a call through them is its caller's (``current_call().user``, the
+    dedup store's key), not theirs; anyone else's claim is ignored.
     """
     served = [s if isinstance(s, Hosted) else hosted(s) for s in services]
     bounds = limits or Limits()
@@ -364,6 +373,7 @@ async def open_server(
         max_links_total=bounds.max_links_total,
         metrics_listen=metrics_listen,
         middleware=check_middleware("open_server", middleware),
+        vouching_users=_names("vouching_users", vouching_users),
     )
     with lone_errors_unwrapped():
         async with trio.open_nursery() as nursery:
@@ -374,6 +384,14 @@ async def open_server(
                 yield server
             finally:
                 server.stop()  # the server task is shielded: the nursery waits for its shutdown
+
+
+def _names(option: str, names: Collection[str]) -> frozenset[str]:
+    """``names`` as a set of user names; ``TypeError`` for a lone string, whose letters
+    would each be a name."""
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"{option}: expected a collection of user names (strings)")
+    return frozenset(names)
 
 
 async def serve(
