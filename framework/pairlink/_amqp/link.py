@@ -9,7 +9,7 @@ compared as a serial number.
 
 What a peer can make a link hold is bounded: the bytes of an incomplete incoming message (per
 link by ``max_message_size``, per connection by ``IncomingBytes``) and the unsettled
-deliveries (``max_unsettled``, both directions).
+deliveries (``max_unsettled``, both directions; the session bounds them too).
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ class LinkSession(Protocol):
     def settle(self, delivery: Delivery, state: DeliveryState | None, settled: bool) -> None: ...
 
     def flush_dispositions(self) -> None: ...
+
+    def send_room(self, link: Link, credit: int) -> int: ...
+
+    def reopen_window(self) -> Flow | None: ...
 
 
 Forward = Callable[[bytearray], bool]
@@ -198,12 +202,15 @@ class Link:
     @property
     def usable_credit(self) -> int:
         """As sender: how many unsettled deliveries we may send now, the credit the peer gave
-        as far as ``max_unsettled`` allows (pre-settled ones need only the credit)."""
+        as far as ``max_unsettled`` allows, and the session's bound (pre-settled ones need
+        only the credit)."""
         credit = self.link_credit
         room = self.max_unsettled - self.unsettled
         if room < credit:
             credit = room
-        return credit if credit > 0 else 0  # (no min/max calls: asked on every send)
+        if credit <= 0:  # (no min/max calls: asked on every send)
+            return 0
+        return self.session.send_room(self, credit)
 
     @property
     def send_blocked(self) -> bool:
