@@ -73,6 +73,13 @@ class IncomingBytes:
     held: int = 0
 
 
+class Held(Protocol):
+    """What a link reads of its session's table of our unsettled deliveries (unsettled.py,
+    which builds on this module): how many it holds."""
+
+    held: int
+
+
 class LinkSession(Protocol):
     """What is used of a link's session through the link (``Session`` is one): its channel and
     the connection's bound on incomplete bytes, which the link itself uses, and the actions
@@ -80,6 +87,10 @@ class LinkSession(Protocol):
 
     channel: int
     incoming: IncomingBytes
+    max_unsettled: int  # the session's bound, each direction
+
+    @property
+    def unsettled_out(self) -> Held: ...
 
     def flow_frame(self, link: Link | None = None, *, echo: bool = False) -> Flow: ...
 
@@ -210,7 +221,10 @@ class Link:
             credit = room
         if credit <= 0:  # (no min/max calls: asked on every send)
             return 0
-        return self.session.send_room(self, credit)
+        session = self.session
+        if session.max_unsettled - session.unsettled_out.held >= credit:
+            return credit  # (the session's room, read here: asked on every send)
+        return session.send_room(self, credit)
 
     @property
     def send_blocked(self) -> bool:

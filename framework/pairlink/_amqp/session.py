@@ -116,9 +116,12 @@ class Session:
         factory=list
     )
     next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
+    # a flow refills our incoming window once it is down to half the most it can be
+    _refill_at: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
         self.incoming_window = self._window_to_grant()
+        self._refill_at = min(self.incoming_window_size, self.max_unsettled) // 2
 
     # -- begin / end -----------------------------------------------------------------------
 
@@ -269,9 +272,8 @@ class Session:
     def wants_window_refill(self) -> bool:
         """Whether a flow should reopen our incoming window: half of the most it can be is
         used, and there is room for more unsettled deliveries than it now allows."""
-        window, size = self.incoming_window, self.incoming_window_size
-        full = size if size <= self.max_unsettled else self.max_unsettled
-        return window <= full // 2 and self._window_to_grant() > window
+        window = self.incoming_window
+        return window <= self._refill_at and self._window_to_grant() > window
 
     def reopen_window(self) -> Flow | None:
         """A flow reopening our incoming window, if our settles have made room under
@@ -284,14 +286,14 @@ class Session:
     def _window_to_grant(self) -> int:
         """Our incoming window: its size, or fewer frames if fewer unsettled deliveries may
         come (each takes at least a frame), so the peer cannot pass ``max_unsettled``."""
-        room = self.max_unsettled - len(self.unsettled_in)
+        room = self.max_unsettled - self.unsettled_in.held
         size = self.incoming_window_size
         return size if room >= size else max(room, 0)
 
     def send_room(self, link: Link, credit: int) -> int:
         """``credit`` as far as this session's bound on our unsettled deliveries allows; a link
         it cuts to nothing is ``starved`` until the peer settles some (``Link.usable_credit``)."""
-        room = self.max_unsettled - len(self.unsettled_out)
+        room = self.max_unsettled - self.unsettled_out.held
         if room >= credit:
             return credit
         if room <= 0:
@@ -301,7 +303,7 @@ class Session:
 
     def wake_starved(self) -> list[Link]:
         """The starved links, once the peer has settled enough of ours to give them room."""
-        if not self.starved or len(self.unsettled_out) >= self.max_unsettled:
+        if not self.starved or self.unsettled_out.held >= self.max_unsettled:
             return []
         links = [link for link in self.starved if link.state is LinkState.ATTACHED]
         self.starved.clear()
@@ -319,10 +321,10 @@ class Session:
         message_format: int,
         max_frame_size: int,
     ) -> Delivery:
-        if not settled and len(self.unsettled_out) >= self.max_unsettled:
+        if not settled and self.unsettled_out.held >= self.max_unsettled:
             raise errors.LocalProtocolError(
                 errors.RESOURCE_LIMIT_EXCEEDED,
-                f"{len(self.unsettled_out)} deliveries on this session wait for the peer to "
+                f"{self.unsettled_out.held} deliveries on this session wait for the peer to "
                 f"settle them (max_session_unsettled {self.max_unsettled}): wait until "
                 f"link.send_blocked is False",
             )

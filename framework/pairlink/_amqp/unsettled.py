@@ -106,17 +106,18 @@ class Unsettled:
     those it has (rcv-settle-mode second: an outcome declared, the settle still to come) apart,
     so that a disposition that only declares an outcome visits none it already has."""
 
-    __slots__ = ("decided", "open")
+    __slots__ = ("decided", "held", "open")
 
     def __init__(self) -> None:
         self.open = SerialIndex()
         self.decided = SerialIndex()
+        self.held = 0  # in both: what the session's bound counts (read on every send)
 
     def __len__(self) -> int:
-        return len(self.open.by_id) + len(self.decided.by_id)
+        return self.held
 
     def __bool__(self) -> bool:
-        return bool(self.open.by_id) or bool(self.decided.by_id)
+        return self.held > 0
 
     def __iter__(self) -> Iterator[Delivery]:
         yield from self.open
@@ -132,16 +133,21 @@ class Unsettled:
 
     def add(self, delivery: Delivery) -> None:
         self.open.add(delivery)
+        self.held += 1
 
     def discard(self, delivery: Delivery) -> bool:
         """Forget a delivery settled (by us, or by the peer naming its id alone)."""
-        return self.open.discard(delivery) or self.decided.discard(delivery)
+        if self.open.discard(delivery) or self.decided.discard(delivery):
+            self.held -= 1
+            return True
+        return False
 
     def settle_range(self, first: int, span: int) -> list[Delivery]:
         """Remove and return every delivery in [first, first + span]: the peer settled them."""
         taken = self.open.take_range(first, span)
         if self.decided.by_id:
             taken += self.decided.take_range(first, span)
+        self.held -= len(taken)
         return taken
 
     def decide_range(self, first: int, span: int) -> list[Delivery]:
@@ -160,5 +166,4 @@ class Unsettled:
         return True
 
     def drop_link(self, link: Link) -> None:
-        self.open.drop_link(link)
-        self.decided.drop_link(link)
+        self.held -= self.open.drop_link(link) + self.decided.drop_link(link)
