@@ -18,11 +18,12 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .link import SERIAL_MASK, serial_diff
+from .link import SERIAL_MASK, SERIAL_MOD, serial_diff
 
 if TYPE_CHECKING:
     from .link import Delivery, Link
 
+SERIAL_HALF = SERIAL_MOD >> 1
 COMPACT_SLACK = 64
 """Dead keys the list keeps beyond as many as there are live ones before it is compacted: a
 small table is not rebuilt at every settle."""
@@ -50,7 +51,8 @@ class SerialIndex:
 
     def add(self, delivery: Delivery) -> None:
         delivery_id = delivery.delivery_id
-        key = self._top + serial_diff(delivery_id, self._top_id)
+        step = (delivery_id - self._top_id) & SERIAL_MASK  # serial_diff, inline: per message
+        key = self._top + (step - SERIAL_MOD if step & SERIAL_HALF else step)
         keys = self._keys
         if not keys or key > keys[-1]:
             keys.append(key)
