@@ -78,6 +78,14 @@ def server_session(server: Server) -> Session:
     return session
 
 
+def calls(raw: RawClient, operation: str, count: int) -> tuple[Link, Link, list[Any]]:
+    """A pair to the work service and ``count`` unsettled calls of ``operation`` queued on it
+    (credit presumed): the pair's links, and the calls' message-ids."""
+    sender, receiver = raw.pair("work")
+    ids = [raw.request(sender, operation, i, settled=False)[0] for i in range(count)]
+    return sender, receiver, ids
+
+
 async def write_raw(raw: RawClient, *performatives: Any) -> None:
     """Frames on our session's channel, written to the socket past our engine."""
     await raw.flush()
@@ -155,8 +163,7 @@ async def test_the_servers_window_holds_a_callers_requests_to_the_session_bound(
     async with serving(work, max_session_unsettled=4) as server, raw_client(server.url) as raw:
         (begin,) = raw.of(Begin)
         assert begin.incoming_window == 4
-        sender, receiver = raw.pair("work")
-        ids = [raw.request(sender, "hold", i, settled=False)[0] for i in range(6)]
+        _, receiver, ids = calls(raw, "hold", 6)
         await raw.flush()
         await wait_for(lambda: work.started == 4)
         await read_all_sent(raw, receiver)
@@ -176,9 +183,7 @@ async def test_a_caller_sending_past_the_closed_window_breaks_the_connection(
     work: Work,
 ) -> None:
     async with serving(work, max_session_unsettled=2) as server, raw_client(server.url) as raw:
-        sender, _ = raw.pair("work")
-        for i in range(2):
-            raw.request(sender, "hold", i, settled=False)
+        sender, _, _ = calls(raw, "hold", 2)
         await raw.flush()
         await wait_for(lambda: work.started == 2)
         tag = b"past"
@@ -194,9 +199,7 @@ async def test_replies_wait_while_the_caller_holds_the_session_bound_unsettled(
     work: Work,
 ) -> None:
     async with serving(work, max_session_unsettled=4) as server, raw_client(server.url) as raw:
-        sender, receiver = raw.pair("work")
-        for i in range(6):
-            raw.request(sender, "echo", i, settled=False)
+        _, receiver, _ = calls(raw, "echo", 6)
         await raw.read_until(lambda: len(raw.replies()) == 4)
         await wait_for(lambda: server_session(server).starved != set())
         await read_all_sent(raw, receiver)
