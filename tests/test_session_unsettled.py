@@ -32,7 +32,8 @@ from pairlink._amqp.performatives import (
     Flow,
     Transfer,
 )
-from pairlink._amqp.session import Session
+from pairlink._amqp.session import MAX_SESSION_UNSETTLED, Session
+from pairlink._gateway.config import parse_config
 from pairlink._server.serving import Server
 from tests.service_peers import RawClient, raw_client, status, wait_for
 
@@ -210,3 +211,12 @@ async def test_replies_wait_while_the_caller_holds_the_session_bound_unsettled(
             raw.engine.settle(delivery, Accepted())
         await raw.read_until(lambda: len(raw.replies()) == 6)
         assert [status(reply) for reply in raw.replies()] == [200] * 6
+
+
+def test_the_session_bound_is_a_limit_of_the_config_files_too() -> None:
+    routes = '[[route]]\npublic = "a"\nupstream = "amqp://h"\naddress = "b"\n'
+    text = f'listen = "amqp://h"\n{routes}[limits]\nmax_session_unsettled = 8\n'
+    limits = parse_config(text).limits
+    assert limits == Limits(max_session_unsettled=8)
+    assert limits.listen_options()["max_session_unsettled"] == 8
+    assert Limits().max_session_unsettled == MAX_SESSION_UNSETTLED == 16_384
