@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 import attrs
 import trio
 
+from benchmarks.attacks import frames
 from benchmarks.attacks.children import (
     LISTEN,
     PASSWORD,
@@ -617,4 +618,13 @@ ATTACKS = {
         None,
         lambda plan: LOGINS_CAP + 60,
     ),
+    **{
+        f"frames-{kind}": Attack(
+            frames.row(kind),
+            (*SERVE, "services.echo", "tests.hostile_services:BigBox"),
+            "persistent",
+            lambda plan: plan.seconds * frames.BURST_SHARE * 2 + 120,
+        )
+        for kind in frames.KINDS
+    },
 }

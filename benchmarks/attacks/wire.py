@@ -320,13 +320,13 @@ class Wire:
 
 
 @asynccontextmanager
-async def wire_to(url: str) -> AsyncIterator[Wire]:
-    """A :class:`Wire` connected to ``url``, the server's open read."""
+async def wire_to(url: str, kind: type[Wire] = Wire) -> AsyncIterator[Wire]:
+    """A :class:`Wire` (or a ``kind`` of it) connected to ``url``, the server's open read."""
     parsed = AmqpUrl.parse(url)
     with phase("connect", STEP_TIMEOUT):
         stream = await trio.open_tcp_stream(parsed.host, parsed.port)
     async with stream:
-        wire = Wire(stream)
+        wire = kind(stream)
         await wire.handshake_step("SASL outcome", lambda: wire.sasl is not None)
         wire.open()
         await wire.handshake_step("open", lambda: wire.server_open is not None)

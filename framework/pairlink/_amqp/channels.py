@@ -85,6 +85,7 @@ class Channels:
             state,
             incoming_window_size=self._config.session_window,
             handle_max=self._config.handle_max,
+            max_unsettled=self._config.max_session_unsettled,
             incoming=self._incoming,
         )
         self.sessions[channel] = session
@@ -115,6 +116,9 @@ class Channels:
     def flush_dispositions(self) -> None:
         for session in self.dirty:
             session.flush_dispositions()
+            flow = session.reopen_window()  # settling the peer's deliveries made room
+            if flow is not None:
+                self._write(session.channel, flow)
         self.dirty.clear()
 
     def write_refills(self) -> None:
@@ -247,6 +251,8 @@ class Channels:
         session = self._session(channel)
         for delivery in session.on_disposition(perf):
             events.append(DeliveryUpdated(delivery.link, delivery))
+        for link in session.wake_starved():  # room under the session's bound: send again
+            events.append(LinkFlow(link))
 
     def on_detach(self, channel: int, perf: Detach, events: list[Event]) -> None:
         session = self._session(channel)

@@ -15,7 +15,7 @@ import attrs
 from .codec import MAX_ELEMENTS
 from .link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
 from .sasl import SaslClient, SaslServer
-from .session import HANDLE_MAX
+from .session import HANDLE_MAX, MAX_SESSION_UNSETTLED
 
 if TYPE_CHECKING:
     from .types import Fields
@@ -54,6 +54,7 @@ class ConnectionConfig:
     handle_max: int = HANDLE_MAX  # highest link handle per session (session.HANDLE_MAX)
     max_incomplete_bytes: int = MAX_INCOMPLETE_BYTES  # partial messages held, all links
     max_unsettled: int = MAX_UNSETTLED  # unsettled deliveries per link, each direction
+    max_session_unsettled: int = MAX_SESSION_UNSETTLED  # the same per session, all its links
     max_links: int = MAX_LINKS  # links attached at once on a connection, all sessions
     max_decoded_elements: int = MAX_ELEMENTS  # values one frame may decode into (codec.py)
     min_peer_idle_timeout: float = MIN_PEER_IDLE_TIMEOUT  # shortest idle-time-out we accept

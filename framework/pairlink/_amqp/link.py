@@ -9,7 +9,7 @@ compared as a serial number.
 
 What a peer can make a link hold is bounded: the bytes of an incomplete incoming message (per
 link by ``max_message_size``, per connection by ``IncomingBytes``) and the unsettled
-deliveries (``max_unsettled``, both directions).
+deliveries (``max_unsettled``, both directions; the session bounds them too).
 """
 
 from __future__ import annotations
@@ -73,6 +73,13 @@ class IncomingBytes:
     held: int = 0
 
 
+class Held(Protocol):
+    """What a link reads of its session's table of our unsettled deliveries (unsettled.py,
+    which builds on this module): how many it holds."""
+
+    held: int
+
+
 class LinkSession(Protocol):
     """What is used of a link's session through the link (``Session`` is one): its channel and
     the connection's bound on incomplete bytes, which the link itself uses, and the actions
@@ -80,6 +87,10 @@ class LinkSession(Protocol):
 
     channel: int
     incoming: IncomingBytes
+    max_unsettled: int  # the session's bound, each direction
+
+    @property
+    def unsettled_out(self) -> Held: ...
 
     def flow_frame(self, link: Link | None = None, *, echo: bool = False) -> Flow: ...
 
@@ -99,6 +110,10 @@ class LinkSession(Protocol):
     def settle(self, delivery: Delivery, state: DeliveryState | None, settled: bool) -> None: ...
 
     def flush_dispositions(self) -> None: ...
+
+    def send_room(self, link: Link, credit: int) -> int: ...
+
+    def reopen_window(self) -> Flow | None: ...
 
 
 Forward = Callable[[bytearray], bool]
@@ -198,12 +213,18 @@ class Link:
     @property
     def usable_credit(self) -> int:
         """As sender: how many unsettled deliveries we may send now, the credit the peer gave
-        as far as ``max_unsettled`` allows (pre-settled ones need only the credit)."""
+        as far as ``max_unsettled`` allows, and the session's bound (pre-settled ones need
+        only the credit)."""
         credit = self.link_credit
         room = self.max_unsettled - self.unsettled
         if room < credit:
             credit = room
-        return credit if credit > 0 else 0  # (no min/max calls: asked on every send)
+        if credit <= 0:  # (no min/max calls: asked on every send)
+            return 0
+        session = self.session
+        if session.max_unsettled - session.unsettled_out.held >= credit:
+            return credit  # (the session's room, read here: asked on every send)
+        return session.send_room(self, credit)
 
     @property
     def send_blocked(self) -> bool:

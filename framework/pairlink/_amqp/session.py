@@ -2,9 +2,11 @@
 
 The session numbers every transfer frame (next-outgoing-id / next-incoming-id), keeps both
 windows of §2.5.6, allocates delivery ids shared by its links, and remembers unsettled
-deliveries both ways so dispositions (ranges included) can find them, counting them per link
-(``Link.unsettled``) so each link's bound holds. Frames go out through the ``write`` callable
-the connection hands in; the session never sees bytes.
+deliveries both ways so dispositions (ranges included) can find them (unsettled.py), counting
+them per link (``Link.unsettled``) so each link's bound holds, and bounding them per session
+too (``max_unsettled``): the peer's by our incoming window, ours by the credit our links may
+use. Frames go out through the ``write`` callable the connection hands in; the session never
+sees bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .link import (
     serial_add,
     serial_diff,
 )
+from .messaging import Received
 from .performatives import (
     ROLE_RECEIVER,
     ROLE_SENDER,
@@ -39,6 +42,7 @@ from .performatives import (
     Performative,
     Transfer,
 )
+from .unsettled import Unsettled
 
 if TYPE_CHECKING:
     from .messaging import DeliveryState
@@ -54,6 +58,15 @@ links per session, each holding its bounded partial message and unsettled delive
 
 # Fixed part of a transfer frame besides the performative's own encoding: the frame header.
 FRAME_HEADER_SIZE = 8
+MAX_SESSION_UNSETTLED = 16384
+"""Default bound on the unsettled deliveries of one session, each direction
+(``ConnectionConfig.max_session_unsettled``): four links at their own bound (``MAX_UNSETTLED``),
+about 3 MiB, and far above what pairlink peers leave unsettled (a call's reply is settled as
+it arrives). The peer's are held back by our incoming window, which never lets more frames
+come than there is room for (a peer that sends past it breaks the window, and the connection
+closes with ``amqp:session:window-violation``); ours by our links' usable credit: a sender of
+ours waits until the peer settles some (``Session.starved`` are woken then)."""
+
 TRANSFER_BOUND = 34
 """The most bytes a first transfer's performative can take besides its tag's: descriptor 3,
 list header 9, handle, delivery-id, message-format and the tag's header 5 each, settled and
@@ -78,6 +91,7 @@ class Session:
     state: SessionState
     incoming_window_size: int = 65536
     handle_max: int = HANDLE_MAX
+    max_unsettled: int = MAX_SESSION_UNSETTLED  # each direction, all links
     remote_channel: int | None = None
     next_outgoing_id: int = 0
     outgoing_window: int = 2**31 - 1
@@ -90,8 +104,11 @@ class Session:
     links: dict[int, Link] = attrs.field(factory=dict)  # by our handle
     remote_links: dict[int, Link] = attrs.field(factory=dict)  # by the peer's handle
     names: dict[tuple[str, bool], Link] = attrs.field(factory=dict)  # (name, our role)
-    unsettled_out: dict[int, Delivery] = attrs.field(factory=dict)
-    unsettled_in: dict[int, Delivery] = attrs.field(factory=dict)
+    unsettled_out: Unsettled = attrs.field(factory=Unsettled)
+    unsettled_in: Unsettled = attrs.field(factory=Unsettled)
+    # sender links whose credit the session's bound cut to nothing: woken (LinkFlow) once
+    # the peer settles some of ours
+    starved: set[Link] = attrs.field(factory=set)
     incoming: IncomingBytes = attrs.field(factory=lambda: IncomingBytes(MAX_INCOMPLETE_BYTES))
     _blocked: deque[tuple[Transfer, bytes | memoryview]] = attrs.field(factory=deque)
     blocked_bytes: int = 0  # payload bytes in ``_blocked``: written once the peer's window opens
@@ -99,9 +116,12 @@ class Session:
         factory=list
     )
     next_incoming_delivery: int | None = None  # the id the peer's next delivery must carry
+    # a flow refills our incoming window once it is down to half the most it can be
+    _refill_at: int = attrs.field(init=False, default=0)
 
     def __attrs_post_init__(self) -> None:
-        self.incoming_window = self.incoming_window_size
+        self.incoming_window = self._window_to_grant()
+        self._refill_at = min(self.incoming_window_size, self.max_unsettled) // 2
 
     # -- begin / end -----------------------------------------------------------------------
 
@@ -149,10 +169,10 @@ class Session:
             del self.names[(link.name, link.role)]
         link.discard_partial()
         if link.unsettled:  # (skipping the scan keeps detaching settled links O(1))
-            for table in (self.unsettled_in, self.unsettled_out):
-                for delivery_id in [i for i, d in table.items() if d.link is link]:
-                    del table[delivery_id]
+            self.unsettled_in.drop_link(link)
+            self.unsettled_out.drop_link(link)
             link.unsettled = 0
+        self.starved.discard(link)
 
     def on_attach(self, attach: Attach, max_unsettled: int) -> tuple[Link, bool] | None:
         """Take the peer's attach: the link it answers, or the one it starts (then True: the
@@ -214,7 +234,7 @@ class Session:
 
     def flow_frame(self, link: Link | None = None, *, echo: bool = False) -> Flow:
         """Our session state, plus one link's, as a flow frame; refills our incoming window."""
-        self.incoming_window = self.incoming_window_size
+        self.incoming_window = self._window_to_grant()
         flow = Flow(
             next_incoming_id=self.next_incoming_id,
             incoming_window=self.incoming_window,
@@ -250,7 +270,44 @@ class Session:
         return link
 
     def wants_window_refill(self) -> bool:
-        return self.incoming_window <= self.incoming_window_size // 2
+        """Whether a flow should reopen our incoming window: half of the most it can be is
+        used, and there is room for more unsettled deliveries than it now allows."""
+        window = self.incoming_window
+        return window <= self._refill_at and self._window_to_grant() > window
+
+    def reopen_window(self) -> Flow | None:
+        """A flow reopening our incoming window, if our settles have made room under
+        ``max_unsettled`` for more frames than it allows (else the peer would wait forever:
+        a window is reopened only as frames come)."""
+        if self.state is SessionState.MAPPED and self.wants_window_refill():
+            return self.flow_frame()
+        return None
+
+    def _window_to_grant(self) -> int:
+        """Our incoming window: its size, or fewer frames if fewer unsettled deliveries may
+        come (each takes at least a frame), so the peer cannot pass ``max_unsettled``."""
+        room = self.max_unsettled - self.unsettled_in.held
+        size = self.incoming_window_size
+        return size if room >= size else max(room, 0)
+
+    def send_room(self, link: Link, credit: int) -> int:
+        """``credit`` as far as this session's bound on our unsettled deliveries allows; a link
+        it cuts to nothing is ``starved`` until the peer settles some (``Link.usable_credit``)."""
+        room = self.max_unsettled - self.unsettled_out.held
+        if room >= credit:
+            return credit
+        if room <= 0:
+            self.starved.add(link)
+            return 0
+        return room
+
+    def wake_starved(self) -> list[Link]:
+        """The starved links, once the peer has settled enough of ours to give them room."""
+        if not self.starved or self.unsettled_out.held >= self.max_unsettled:
+            return []
+        links = [link for link in self.starved if link.state is LinkState.ATTACHED]
+        self.starved.clear()
+        return links
 
     # -- outgoing transfers ----------------------------------------------------------------
 
@@ -264,11 +321,18 @@ class Session:
         message_format: int,
         max_frame_size: int,
     ) -> Delivery:
+        if not settled and self.unsettled_out.held >= self.max_unsettled:
+            raise errors.LocalProtocolError(
+                errors.RESOURCE_LIMIT_EXCEEDED,
+                f"{self.unsettled_out.held} deliveries on this session wait for the peer to "
+                f"settle them (max_session_unsettled {self.max_unsettled}): wait until "
+                f"link.send_blocked is False",
+            )
         delivery = Delivery(link, self.next_delivery_id, tag, settled, message_format)
         self.next_delivery_id = (self.next_delivery_id + 1) & SERIAL_MASK
         link.consume_credit()
         if not settled:
-            self.unsettled_out[delivery.delivery_id] = delivery
+            self.unsettled_out.add(delivery)
             link.unsettled += 1
         # handle, delivery-id, delivery-tag, message-format, settled (positional: per message)
         first = Transfer(link.handle, delivery.delivery_id, tag, message_format, settled)
@@ -396,7 +460,7 @@ class Session:
             self.next_incoming_delivery = (delivery_id + 1) & SERIAL_MASK
         done = link.receive_transfer(transfer, payload, delivery_id)
         if done is not None and not done[0].remote_settled:
-            self.unsettled_in[done[0].delivery_id] = done[0]
+            self.unsettled_in.add(done[0])
             link.unsettled += 1
         return link, done
 
@@ -408,8 +472,7 @@ class Session:
         if settled:
             delivery.settled = True
             table = self.unsettled_in if delivery.link.is_receiver else self.unsettled_out
-            if table.get(delivery.delivery_id) is delivery:
-                del table[delivery.delivery_id]
+            if table.discard(delivery):
                 delivery.link.unsettled -= 1
         role = delivery.link.role
         self._pending_dispositions.append((role, delivery.delivery_id, settled, state))
@@ -457,30 +520,45 @@ class Session:
         )
 
     def on_disposition(self, disposition: Disposition) -> list[Delivery]:
-        """Apply the peer's disposition to the deliveries it names; returns those changed."""
+        """Apply the peer's disposition to the deliveries it names; returns those changed.
+
+        The work is O(log n + k), k the deliveries it changes, whatever the range's width or
+        the table's size, and each delivery is changed at most twice by the peer, so no frame
+        can cost more than the deliveries it was sent for (unsettled.py): a settling one
+        removes what it settles; one that only declares an outcome (rcv-settle-mode second)
+        changes only the deliveries without one yet, as an outcome is terminal (§3.4), so its
+        repeat over the same ids visits none of them. A non-settling one with no state or a
+        received state (how far a delivery got, for resuming links, which pairlink does not
+        do) changes nothing and costs nothing."""
         # role is the peer's role: a receiver's disposition is about deliveries we sent
         table = self.unsettled_out if disposition.role is ROLE_RECEIVER else self.unsettled_in
         first = disposition.first
-        last = first if disposition.last is None else disposition.last
-        span = serial_diff(last, first)
+        last = disposition.last
+        span = 0 if last is None else serial_diff(last, first)
         if span < 0:
             raise errors.RemoteProtocolError(errors.INVALID_FIELD, "disposition last < first")
-        changed = []
-        if span + 1 > len(table):
-            ids = [i for i in table if 0 <= serial_diff(i, first) <= span]
-        else:
-            ids = [serial_add(first, k) for k in range(span + 1)]
-        for delivery_id in ids:
-            delivery = table.get(delivery_id)
-            if delivery is None:
-                continue
-            if disposition.state is not None:
-                delivery.remote_state = disposition.state
-            if disposition.settled:
+        state = disposition.state
+        if disposition.settled:
+            if span == 0:  # the usual one-id disposition: found by id
+                delivery = table.get(first)
+                changed = [delivery] if delivery is not None and table.discard(delivery) else []
+            else:
+                changed = table.settle_range(first, span)
+            for delivery in changed:
+                if state is not None:
+                    delivery.remote_state = state
                 delivery.remote_settled = True
-                del table[delivery_id]
                 delivery.link.unsettled -= 1
-            changed.append(delivery)
+            return changed
+        if state is None or isinstance(state, Received):
+            return []
+        if span == 0:
+            delivery = table.get(first)
+            changed = [delivery] if delivery is not None and table.decide(delivery) else []
+        else:
+            changed = table.decide_range(first, span)
+        for delivery in changed:
+            delivery.remote_state = state
         return changed
 
     def forget_all_links(self) -> list[Link]:

@@ -12,7 +12,7 @@ import attrs
 from pairlink._amqp.codec import MAX_ELEMENTS
 from pairlink._amqp.config import MAX_LINKS, MAX_MESSAGE_SIZE
 from pairlink._amqp.link import MAX_INCOMPLETE_BYTES, MAX_UNSETTLED
-from pairlink._amqp.session import HANDLE_MAX
+from pairlink._amqp.session import HANDLE_MAX, MAX_SESSION_UNSETTLED
 from pairlink._io.listener import HANDSHAKE_TIMEOUT
 from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
 from pairlink._io.net import EngineLimits
@@ -48,7 +48,7 @@ class Limits:
     when full, the oldest one still in its handshake makes room, else a new one is refused.
     ``max_outgoing_bytes``: what a connection holds for a peer that does not read it.
     ``login_penalty``: seconds between login attempts from an address that just failed one.
-    ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``,
+    ``max_message_size``, ``max_incomplete_bytes``, ``max_unsettled``, ``max_session_unsettled``,
     ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
     (``ConnectionConfig``). ``drain_timeout``: seconds a caller's request link has to answer
     a service's drain before its credit is revoked; ``max_links_total``: links a server holds
@@ -62,6 +62,7 @@ class Limits:
     max_message_size: int = MAX_MESSAGE_SIZE
     max_incomplete_bytes: int = MAX_INCOMPLETE_BYTES
     max_unsettled: int = MAX_UNSETTLED
+    max_session_unsettled: int = MAX_SESSION_UNSETTLED
     max_decoded_elements: int = MAX_ELEMENTS
     handle_max: int = HANDLE_MAX
     max_links: int = MAX_LINKS
@@ -74,6 +75,7 @@ class Limits:
             "max_message_size": self.max_message_size,
             "max_incomplete_bytes": self.max_incomplete_bytes,
             "max_unsettled": self.max_unsettled,
+            "max_session_unsettled": self.max_session_unsettled,
             "max_decoded_elements": self.max_decoded_elements,
             "handle_max": self.handle_max,
             "max_links": self.max_links,

@@ -68,6 +68,7 @@ _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "max_message_size": "bytes",
     "max_incomplete_bytes": "bytes",
     "max_unsettled": "deliveries",
+    "max_session_unsettled": "deliveries",
     "max_decoded_elements": "values",
     "handle_max": "handles",
     "max_links": "links",

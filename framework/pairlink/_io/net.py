@@ -117,6 +117,7 @@ class EngineLimits(TypedDict, total=False):
     max_message_size: int
     max_incomplete_bytes: int
     max_unsettled: int
+    max_session_unsettled: int
     max_decoded_elements: int
     handle_max: int
     max_links: int
