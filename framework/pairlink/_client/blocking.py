@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -74,8 +74,9 @@ def _current_portal() -> _Portal:
 class Client:
     """A blocking client: ``call``, ``service`` proxies and ``close``, as the async one."""
 
-    def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
-        self.url = url
+    def __init__(self, url: str | Sequence[str], **options: Unpack[ConnectOptions]) -> None:
+        self.url = url if isinstance(url, str) else ",".join(url)
+        self._endpoints = url if isinstance(url, str) else list(url)  # replicas: README
         self._options = options
         self._pid = -1
         self._client: aio.Client | None = None
@@ -111,7 +112,7 @@ class Client:
         """Keep the async client's context open in the portal until ``close``."""
         started = False
         try:
-            async with aio.connect(self.url, **self._options) as client:
+            async with aio.connect(self._endpoints, **self._options) as client:
                 stop = trio.Event()
                 task_status.started((client, stop))
                 started = True
@@ -262,7 +263,7 @@ class ServiceProxy:
         return f"<blocking ServiceProxy {self.address!r} on {self.client.url}>"
 
 
-def connect(url: str, **options: Unpack[ConnectOptions]) -> Client:
+def connect(url: str | Sequence[str], **options: Unpack[ConnectOptions]) -> Client:
     """Connect now and return a blocking client; ``options`` as for ``pairlink.connect``.
     Use it as a context manager or call ``close()``."""
     return Client(url, **options)

@@ -645,7 +645,8 @@ async def connect(
     replicas of a service: a list of such URLs, or one whose host name resolves to several
     addresses (one replica per address; a list of one such URL is followed as the name
     changes, resolved again every ``resolve_interval`` seconds, ``RESOLVE_INTERVAL``: 30).
-    Each call goes to the ready replica with the most free credit (README, "Replicas").
+    Each call goes to the ready replica with the most free credit (README, "Replicas"); with
+    replicas, ``connect`` returns once each has been tried, and raises if none is ready.
 
     ``timeout``: default per-call timeout in seconds (None: none); it bounds connecting as
     well, unless ``connect_timeout`` says otherwise (with no ``timeout`` either:

@@ -8,10 +8,11 @@ connected. Names are resolved again every ``resolve_interval`` seconds: a new ad
 replica, a vanished one is retired once its calls are answered.
 
 Each call goes to the ``READY`` replica whose pair for its address has the most free credit
-(:mod:`pairlink._client.placement`). A call whose request never left goes to another replica:
+(:mod:`pairlink._client.placement`). A call the replica did not run goes to another replica:
 one that waited in the line of a replica that was lost meanwhile (:class:`NotSent`), one the
 replica had no room for (LP-10), one answered 503 "shutting down" (the replica began to drain
-before we knew: it did not run it). A call whose request did reach a lost replica fails as
+before we knew), one still unanswered when a stopping server detached its links (it answers
+every call it holds first). A call whose request did reach a lost replica fails as
 on one connection, with ``ConnectionLostError``: only its caller knows whether repeating it
 is safe.
 """
@@ -27,6 +28,7 @@ from typing import Protocol, TypeVar
 import attrs
 import trio
 
+from pairlink._amqp.errors import DETACH_FORCED
 from pairlink._client.pairs import CallConnection, CallPair, NotSent
 from pairlink._client.placement import CONNECTING, DRAINING, LOST, READY, ReplicaState, Rotation
 from pairlink._client.reply import Reply
@@ -184,6 +186,12 @@ def _shutting_down(outcome: RemoteError | Reply) -> bool:
     return outcome.status == wire.UNAVAILABLE and outcome.message == wire.SHUTTING_DOWN
 
 
+def _stopped(error: LinkDetachedError) -> bool:
+    """Whether a pair was detached by a stopping server after it answered every call it held:
+    the calls still waiting were not run, and another replica may take them."""
+    return error.condition == DETACH_FORCED and error.description == wire.SERVER_SHUTTING_DOWN
+
+
 class Replicas:
     """The replicas of one client: their tasks, their states, and where each call goes."""
 
@@ -230,8 +238,9 @@ class Replicas:
     # -- start and stop --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Resolve the names, start a task per replica, and return once one is ready; raise
-        the first replica's error if every one failed its first attempt."""
+        """Resolve the names, start a task per replica, and return once each has been tried
+        (connected and its health answered, or failed), so that the first calls spread over
+        all; raise the first failure if none is ready."""
         for url in self.urls:
             addresses = self._resolved[url] if url in self._resolved else await resolve(url)
             if addresses is None:
@@ -243,12 +252,11 @@ class Replicas:
                 self._add(Endpoint(url, address))
         if any(not _literal(AmqpUrl.parse(url).host) for url in self.urls):
             self._nursery.start_soon(self._resolve_again)
-        while not self.ready:
-            if all(e.failures for e in self.endpoints):
-                error = self.endpoints[0].error
-                assert error is not None
-                raise error
+        while any(e.state == CONNECTING for e in self.endpoints):
             await self._changed.wait()
+        if not self.ready:
+            failed = [e.error for e in self.endpoints if e.error is not None]
+            raise failed[0] if failed else ConnectionLostError("no replica is serving")
 
     def _add(self, endpoint: Endpoint) -> None:
         self.endpoints.append(endpoint)
@@ -322,6 +330,8 @@ class Replicas:
                 return  # keep() sees it
             except TimeoutError:
                 endpoint.log.info("replica.health_timeout", timeout=HEALTH_TIMEOUT)
+                if endpoint.state == CONNECTING:  # connected: silent health is no verdict
+                    self._set_state(endpoint, READY)
             except PairlinkError as exc:  # refused, 404: nothing to watch there
                 endpoint.log.debug("replica.no_health", error=str(exc))
                 self._set_state(endpoint, READY)
@@ -442,7 +452,9 @@ class Replicas:
             except NotSent as exc:
                 error: PairlinkError = exc.error
             except LinkDetachedError as exc:
-                if not pair.had_no_room(exc):
+                if _stopped(exc):
+                    self._leave(pair)
+                elif not pair.had_no_room(exc):
                     raise
                 error = exc
             except RemoteError as exc:
