@@ -5,6 +5,7 @@ made a second later all succeed."""
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections.abc import Iterator
 
@@ -60,6 +61,13 @@ class Load:
     def answered_since(self, moment: float) -> int:
         return sum(1 for started in self.answered if started >= moment)
 
+    def answered_since_at_least(self, moment: float, count: int) -> bool:
+        return self.answered_since(moment) >= count
+
+
+def not_ready(client: Client, index: int) -> bool:
+    return client.replicas[index].state != READY
+
 
 def all_ready(client: Client) -> bool:
     return [r.state for r in client.replicas] == [READY] * 3
@@ -82,12 +90,12 @@ async def test_a_rolling_restart_with_sigterm_loses_no_call(urls: list[str]) -> 
                     served[index].process.send_signal(signal.SIGTERM)
                     assert await trio.to_thread.run_sync(served[index].process.wait, 20) == 0
                     served[index].__exit__()
-                    await wait_for(lambda i=index: client.replicas[i].state != READY)
+                    await wait_for(functools.partial(not_ready, client, index))
                     served[index] = serve(url)
                     await trio.to_thread.run_sync(served[index].url)
                     await wait_for(lambda: all_ready(client), within=READY_WITHIN)
                     back = trio.current_time()
-                    await wait_for(lambda t=back: load.answered_since(t) >= 200)
+                    await wait_for(functools.partial(load.answered_since_at_least, back, 200))
                 load.done.set()
             assert [repr(e) for _, e in load.failed] == []
             assert len(load.answered) >= 800
