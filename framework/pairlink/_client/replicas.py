@@ -99,6 +99,8 @@ class Holder(Protocol):
 
     async def _pair_on(self, conn: CallConnection, address: str) -> CallPair: ...
 
+    async def _pair_by(self, address: str, label: str, deadline_at: float) -> CallPair: ...
+
 
 def in_flight(pairs: Sequence[CallPair]) -> int:
     """Calls sent on ``pairs`` and not answered (a request with a correlation-id of its own
@@ -294,7 +296,6 @@ class Replicas:
                     error=repr(exc),
                 )
                 self._set_state(endpoint, LOST)
-                self._update()  # its failure counts, whatever its state was
                 if not holder.reconnect:
                     return
                 await trio.sleep(delay)
@@ -444,7 +445,7 @@ class Replicas:
         while True:
             pair = self.ready_pair(address)
             if pair is None:
-                pair = await self._pair_by(address, label, deadline_at)
+                pair = await self.holder._pair_by(address, label, deadline_at)
             if again and not pair.granted:
                 pair.fresh = False  # credit first: the one it was sent to had no room
             try:
@@ -480,11 +481,3 @@ class Replicas:
         for endpoint in self.endpoints:
             if endpoint.conn is pair.conn:
                 self._set_state(endpoint, DRAINING)
-
-    async def _pair_by(self, address: str, label: str, deadline_at: float) -> CallPair:
-        pair = None
-        with trio.move_on_at(deadline_at):
-            pair = await self.pair(address)
-        if pair is None:
-            raise TimeoutError(f"{address}.{label}: no replica ready within the deadline")
-        return pair
