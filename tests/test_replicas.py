@@ -225,6 +225,51 @@ async def test_calls_in_flight_on_a_lost_replica_fail_and_the_rest_go_on() -> No
         assert await who.name_of() == "b"  # the next call goes to the one left
 
 
+@service("tight", max_concurrency=2, mailbox=2)
+class Tight:
+    """Room for two calls: the rest wait in the caller's line for its credit."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    @handler
+    async def wait(self) -> int:
+        self.started += 1
+        await trio.sleep(0.2)
+        return self.started
+
+
+async def test_calls_waiting_for_a_lost_replicas_credit_go_to_another() -> None:
+    lost, kept = Tight(), Tight()
+    async with (
+        open_server(lost, listen="amqp://127.0.0.1:0") as first,
+        open_server(kept, listen="amqp://127.0.0.1:0") as second,
+        connect([first.url, second.url], timeout=10, reconnect=False) as client,
+    ):
+        await wait_for(lambda: [r.state for r in client.replicas] == [READY] * 2)
+        failed: list[BaseException] = []
+        answered = 0
+
+        async def caller() -> None:
+            nonlocal answered
+            try:
+                await client.call("tight", "wait")
+            except ConnectionLostError as exc:
+                failed.append(exc)
+            else:
+                answered += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):  # 2 running on each, the others in the two lines
+                nursery.start_soon(caller)
+            await wait_for(lambda: lost.started == 2 and client.replicas[0].in_flight == 4)
+            assert first.listener is not None
+            for conn in list(first.listener.handlers):
+                conn.abort(ConnectionLostError("the test cuts it"))
+        assert len(failed) == 2  # the two it was running
+        assert answered == 6 and kept.started == 6  # its line went to the other
+
+
 async def test_one_url_is_one_replica() -> None:
     async with replicas(Who("a")) as servers, connect(servers[0].url, timeout=10) as client:
         assert await client.call("who", "name_of") == "a"

@@ -81,7 +81,7 @@ class Replica:
     free_credit: int
     """Calls it may take now, summed over its pairs (below zero: calls wait in their line)."""
     in_flight: int
-    """Calls sent to it and not answered."""
+    """Its calls not answered yet: sent, or waiting in line for its credit."""
 
 
 class Holder(Protocol):
