@@ -35,11 +35,12 @@ import trio
 from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client.options import CallOptions, ConnectConfig
 from pairlink._client.pairs import CallConnection, CallPair
-from pairlink._client.placement import CONNECTING, LOST, READY
+from pairlink._client.placement import CONNECTING, LOST, READY, ReplicaState
 from pairlink._client.replicas import (
     RESOLVE_INTERVAL,
     Replica,
     Replicas,
+    describe,
     in_flight,
     replicas_of,
     reply_address,
@@ -147,8 +148,7 @@ class Client:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def _conns(self) -> list[CallConnection]:
-        """The current connection, or those of the replicas."""
+    def _conns(self) -> list[CallConnection]:  # the current connection, or the replicas'
         if self._replicas is None:
             return [] if self._conn is None else [self._conn]
         return [e.conn for e in self._replicas.endpoints if e.conn is not None]
@@ -182,11 +182,8 @@ class Client:
         if self._replicas is not None:
             return self._replicas.records()
         conn = self._conn
-        if conn is None:
-            return [Replica(self.url, None, CONNECTING, 0, 0)]
-        pairs = list(conn.pairs.values())
-        credit = sum(pair.free_credit() for pair in pairs if pair.ready.is_set())
-        return [Replica(self.url, None, READY if conn.alive else LOST, credit, in_flight(pairs))]
+        state: ReplicaState = CONNECTING if conn is None else READY if conn.alive else LOST
+        return [describe(self.url, None, state, conn)]
 
     async def wait_connection_lost(self) -> None:
         """Wait until the current connection has gone (at once if there is none): its calls
@@ -669,7 +666,9 @@ async def connect(
     settings (:class:`ConnectConfig`: ``container_id``, ``idle_timeout``, ``sasl``...).
     Raises at once if the first connection fails (with replicas: if every one fails).
     """
-    resolved = await replicas_of(url, connector)
+    resolved: dict[str, list[str] | None] = {}
+    with trio.move_on_after(_connect_timeout(timeout, connect_timeout)):  # else: as one URL
+        resolved = await replicas_of(url, connector)
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
             client = Client(

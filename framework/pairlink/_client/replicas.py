@@ -127,13 +127,23 @@ class Endpoint:
         self.log = log.bind(replica=url if address is None else f"{url} ({address})")
 
     def pairs(self) -> list[CallPair]:
-        conn = self.conn
-        return [] if conn is None or not conn.alive else list(conn.pairs.values())
+        return _pairs(self.conn)
 
     def record(self) -> Replica:
-        pairs = self.pairs()
-        credit = sum(pair.free_credit() for pair in pairs if pair.ready.is_set())
-        return Replica(self.url, self.address, self.state, credit, in_flight(pairs))
+        return describe(self.url, self.address, self.state, self.conn)
+
+
+def _pairs(conn: CallConnection | None) -> list[CallPair]:
+    return [] if conn is None or not conn.alive else list(conn.pairs.values())
+
+
+def describe(
+    url: str, address: str | None, state: ReplicaState, conn: CallConnection | None
+) -> Replica:
+    """The record of a replica whose current connection is ``conn``."""
+    pairs = _pairs(conn)
+    credit = sum(pair.free_credit() for pair in pairs if pair.ready.is_set())
+    return Replica(url, address, state, credit, in_flight(pairs))
 
 
 def _literal(host: str) -> bool:
