@@ -67,6 +67,7 @@ PUBLIC: dict[str, set[str]] = {
         "Header",
         "Message",
         "Properties",
+        "Replica",
         "Reply",
         "ServiceProxy",
         "check_health",

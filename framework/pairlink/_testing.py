@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Unpack
 
-from pairlink._client.client import Client, ConnectOptionsExceptConnector, connect
+from pairlink._client.client import Client, connect
+from pairlink._client.options import ConnectOptionsExceptConnector
 from pairlink._server.serving import ServeOptions, Server, open_server
 
 

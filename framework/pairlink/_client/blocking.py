@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -24,6 +24,7 @@ import trio
 
 from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client import client as aio
+from pairlink._client.options import CallOptions, ConnectOptions
 from pairlink._client.reply import Reply
 from pairlink._io.threads import TrioThread, start_trio_thread
 from pairlink._rpc.payload import Encoding
@@ -73,8 +74,9 @@ def _current_portal() -> _Portal:
 class Client:
     """A blocking client: ``call``, ``service`` proxies and ``close``, as the async one."""
 
-    def __init__(self, url: str, **options: Unpack[aio.ConnectOptions]) -> None:
-        self.url = url
+    def __init__(self, url: str | Sequence[str], **options: Unpack[ConnectOptions]) -> None:
+        self.url = url if isinstance(url, str) else ",".join(url)
+        self._endpoints = url if isinstance(url, str) else list(url)  # replicas: README
         self._options = options
         self._pid = -1
         self._client: aio.Client | None = None
@@ -110,7 +112,7 @@ class Client:
         """Keep the async client's context open in the portal until ``close``."""
         started = False
         try:
-            async with aio.connect(self.url, **self._options) as client:
+            async with aio.connect(self._endpoints, **self._options) as client:
                 stop = trio.Event()
                 task_status.started((client, stop))
                 started = True
@@ -191,7 +193,7 @@ class Client:
     ) -> ServiceProxy:
         """A blocking proxy for the service at ``address`` (see the async ``service``)."""
         self._run(lambda client: client.service(address))
-        return ServiceProxy(self, address, aio.CallOptions(timeout=timeout, encoding=encoding))
+        return ServiceProxy(self, address, CallOptions(timeout=timeout, encoding=encoding))
 
     def close(self) -> None:
         """Close this process's connection; idempotent. In a forked child that never used
@@ -222,7 +224,7 @@ class ServiceProxy:
     every keyword goes to the operation, the options travel apart as in the async proxy:
     ``proxy.options(timeout=5).add(1, 2)``."""
 
-    def __init__(self, client: Client, address: str, call_options: aio.CallOptions) -> None:
+    def __init__(self, client: Client, address: str, call_options: CallOptions) -> None:
         self.client = client
         self.address = address
         self.call_options = call_options
@@ -261,7 +263,7 @@ class ServiceProxy:
         return f"<blocking ServiceProxy {self.address!r} on {self.client.url}>"
 
 
-def connect(url: str, **options: Unpack[aio.ConnectOptions]) -> Client:
+def connect(url: str | Sequence[str], **options: Unpack[ConnectOptions]) -> Client:
     """Connect now and return a blocking client; ``options`` as for ``pairlink.connect``.
     Use it as a context manager or call ``close()``."""
     return Client(url, **options)

@@ -26,21 +26,30 @@ import functools
 import itertools
 import math
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar, Unpack
 
-import attrs
 import trio
 
 from pairlink._amqp.messaging import BodyKind, MessageId
+from pairlink._client.options import CallOptions, ConnectConfig
 from pairlink._client.pairs import CallConnection, CallPair
+from pairlink._client.placement import CONNECTING, LOST, READY, ReplicaState
+from pairlink._client.replicas import (
+    RESOLVE_INTERVAL,
+    Replica,
+    Replicas,
+    describe,
+    in_flight,
+    replicas_of,
+    reply_address,
+)
 from pairlink._client.reply import Reply, compose_request
 from pairlink._client.timeouts import Timeouts
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
-from pairlink._io.net import ClientConfig
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._rpc import deadline, wire
 from pairlink._rpc.linkpair import (
@@ -74,7 +83,7 @@ class Client:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         nursery: trio.Nursery,
         *,
         timeout: float | None,
@@ -88,10 +97,12 @@ class Client:
         ssl_context: ssl.SSLContext | None,
         config: ConnectConfig,
         connector: net.Connector | None = None,
+        resolve_interval: float = RESOLVE_INTERVAL,
+        resolved: dict[str, list[str] | None] | None = None,
     ) -> None:
         if reply_credit < 2:
             raise ValueError("reply_credit must be at least 2 (it is replenished by halves)")
-        self.url = url
+        self.url = url if isinstance(url, str) else ",".join(url)
         self.timeout = timeout
         self.settled = settled
         self.reconnect = reconnect
@@ -118,66 +129,108 @@ class Client:
         self._failures = 0
         self._next_attempt = -math.inf
         self._closed = False
+        self._replicas: Replicas | None = None
+        if not isinstance(url, str) or resolved:
+            if connector is not None:
+                raise ValueError("a connector opens the stream of one URL, not of replicas")
+            self._replicas = Replicas(
+                self,
+                nursery,
+                [url] if isinstance(url, str) else url,
+                resolve_interval=resolve_interval,
+                close_grace=CLOSE_WAIT,
+                resolved=resolved,
+            )
+            # balanced calls; one URL keeps the direct path (bound here: no test per call)
+            self._on_pair = self._replicas.exchange  # type: ignore[method-assign]
+            self._call = self._balanced_call  # type: ignore[method-assign]
 
     def next_id(self) -> int:
         return next(self._ids)
 
+    def _conns(self) -> list[CallConnection]:  # the current connection, or the replicas'
+        if self._replicas is None:
+            return [] if self._conn is None else [self._conn]
+        return [e.conn for e in self._replicas.endpoints if e.conn is not None]
+
     @property
     def paired(self) -> bool | None:
-        """Whether the current connection's peer offers link pairing (LP-2); None before the
-        first connection."""
-        return None if self._conn is None else self._conn.paired
+        """Whether the current connection's peer offers link pairing (LP-2; with replicas:
+        the first connected one's); None before the first connection."""
+        conns = self._conns()
+        return conns[0].paired if conns else None
 
     @property
     def call_encoding(self) -> Encoding | None:
         """The request body of a call that names no encoding: the one given to ``connect``,
         else the one the current connection's peer reads; None before the first connection."""
-        if self.encoding is not None or self._conn is None:
+        conns = self._conns()
+        if self.encoding is not None or not conns:
             return self.encoding
-        return self._conn.encoding
+        return conns[0].encoding
 
     def in_flight(self, address: str | None = None) -> int:
-        """Calls sent on the current connection (to ``address``, or to any) and not answered."""
+        """Calls sent on the current connection, or the replicas' (to ``address``, or to
+        any), and not answered."""
+        pairs = [p for conn in self._conns() for a, p in conn.pairs.items() if address in (None, a)]
+        return in_flight(pairs)
+
+    @property
+    def replicas(self) -> list[Replica]:
+        """Each replica the client calls, with its state, free credit and calls in flight
+        (one URL: one replica, ``ready`` while its connection is alive)."""
+        if self._replicas is not None:
+            return self._replicas.records()
         conn = self._conn
-        if conn is None:
-            return 0
-        pairs = conn.pairs.values() if address is None else [conn.pairs.get(address)]
-        # a request with a correlation-id of its own waits under both its ids
-        return sum(len(set(pair.calls.values())) for pair in pairs if pair is not None)
+        state: ReplicaState = CONNECTING if conn is None else READY if conn.alive else LOST
+        return [describe(self.url, None, state, conn)]
 
     async def wait_connection_lost(self) -> None:
         """Wait until the current connection has gone (at once if there is none): its calls
-        in flight fail with it, and the next call reconnects, if ``reconnect`` allows."""
-        if self._conn is not None:
-            await self._conn.amqp.closed.wait()
+        in flight fail with it, and the next call reconnects, if ``reconnect`` allows. With
+        replicas: until every replica's current connection has gone."""
+        for conn in self._conns():
+            await conn.amqp.closed.wait()
 
     # -- connections -----------------------------------------------------------------------
 
-    async def _open(self) -> CallConnection:
-        """A new connection, once the peer's open has come (it says whether we may pair)."""
+    async def _open(self) -> CallConnection | None:
+        """A new connection, once the peer's open has come (it says whether we may pair);
+        with replicas, their tasks, once one of them is ready (None)."""
+        if self._replicas is not None:
+            await self._replicas.start()
+            return None
+        self._conn = await self._connection(self.url, self._connector)
+        return self._conn
+
+    async def _connection(self, url: str, connector: net.Connector | None) -> CallConnection:
+        """A new connection to ``url`` (over ``connector``'s stream if given)."""
         with trio.move_on_after(self.connect_timeout) as scope:
-            amqp: AmqpConnection = await self._nursery.start(self._hold)
+            amqp: AmqpConnection = await self._nursery.start(self._hold, url, connector)
         if scope.cancelled_caught:
-            raise TimeoutError(f"{self.url}: not connected within {self.connect_timeout:g} s")
+            raise TimeoutError(f"{url}: not connected within {self.connect_timeout:g} s")
         offered = amqp.remote_offered_capabilities
         paired = offers_pairing(offered)
         encoding = wire.peer_encoding(offered)
         conn_log = log.bind(conn=amqp.id, peer=amqp.peer)
         conn_log.info("client.connected", paired=paired, encoding=encoding.name)
-        self._conn = CallConnection(self, amqp, paired, conn_log, encoding=encoding)
-        return self._conn
+        return CallConnection(self, amqp, paired, conn_log, encoding=encoding)
 
     async def _hold(
-        self, *, task_status: trio.TaskStatus[AmqpConnection] = trio.TASK_STATUS_IGNORED
+        self,
+        url: str,
+        connector: net.Connector | None,
+        *,
+        task_status: trio.TaskStatus[AmqpConnection] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Keep one connection open, in the client's nursery, until it closes or fails."""
         started = False
         try:
             async with net.connect(
-                self.url,
+                url,
                 ssl_context=self._ssl_context,
                 connect_timeout=self.connect_timeout,
-                connector=self._connector,
+                connector=connector,
                 **self._config,
             ) as amqp:
                 session = amqp.session  # begun now: it leaves in the same write as our open
@@ -207,7 +260,8 @@ class Client:
             while self._conn is None or not self._conn.alive:
                 await trio.sleep_until(self._next_attempt)
                 try:
-                    conn = await self._open()
+                    conn = await self._connection(self.url, self._connector)
+                    self._conn = conn
                 except AuthenticationError:
                     raise
                 except (*net.CONNECT_FAILURES, TimeoutError) as exc:
@@ -227,24 +281,67 @@ class Client:
             return self._conn
 
     async def _pair(self, address: str) -> CallPair:
+        if self._replicas is not None:
+            return await self._replicas.pair(address)
         conn = self._conn
         if conn is None or not conn.alive:
             conn = await self._live()
+        return await self._pair_on(conn, address)
+
+    async def _pair_on(self, conn: CallConnection, address: str) -> CallPair:
+        """The pair for ``address`` on ``conn``, attached now if need be, once ready."""
         pair = conn.pairs.get(address)
         if pair is None:
-            pair = conn.pairs[address] = CallPair(conn, address, paired=conn.paired)
-            pair.attach(self.settled, self.reply_credit)
+            pair = self._new_pair(conn, address)
             if conn.paired:
-                self._nursery.start_soon(pair.watch)
                 return pair
-            await pair.wait_dynamic_address()
-        elif not pair.ready.is_set():
+            if self._replicas is None:  # (with replicas, a task waits for it)
+                await pair.wait_dynamic_address()
+        if not pair.ready.is_set():
             await pair.ready.wait()
         if pair.error is not None:
             raise pair.error
         return pair
 
+    def _new_pair(self, conn: CallConnection, address: str) -> CallPair:
+        """Attach a pair for ``address`` on ``conn`` (nothing awaited: on a peer that pairs,
+        the first request may follow in the same write); with replicas, a call that never
+        left it goes to another replica (``NotSent``), and a classic pair waits for its reply
+        address in a task of its own."""
+        pair = conn.pairs[address] = CallPair(conn, address, paired=conn.paired)
+        pair.attach(self.settled, self.reply_credit)
+        if conn.paired:
+            self._nursery.start_soon(pair.watch)
+        if self._replicas is not None:
+            pair.resendable = True
+            if not conn.paired:
+                self._nursery.start_soon(reply_address, pair)
+        return pair
+
     # -- calls -----------------------------------------------------------------------------
+
+    async def _balanced_call(
+        self,
+        address: str,
+        timeout: float | None,  # noqa: ASYNC109 - a deadline sent with the request
+        encoding: Encoding | None,
+        message_id: str | None,
+        operation: str,
+        /,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        """``_call`` with replicas: on the pair the balance picks, and on another whenever
+        the replica did not take it (:meth:`Replicas.exchange`)."""
+        clock = self.clock
+        deadline_at = self._deadline_at(address, operation, timeout, clock.current_time())
+        call = (operation, args, kwargs, deadline_at, encoding or self.encoding, self.settled)
+        return await self._on_pair(
+            address,
+            operation,
+            deadline_at,
+            lambda pair: pair.call(*call, message_id, clock.current_time()),
+        )
 
     async def call(
         self,
@@ -441,7 +538,7 @@ class Client:
         the classic links are set up now (one round trip for the dynamic reply address),
         within the connection's timeout."""
         with trio.move_on_after(math.inf if self.timeout is None else self.timeout) as scope:
-            conn = await self._live()
+            conn = await (self._live() if self._replicas is None else self._replicas.live())
             if not conn.paired:
                 await self._pair(address)
         if scope.cancelled_caught:
@@ -454,33 +551,10 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        if self._conn is not None and self._conn.alive:
+        if self._replicas is not None:
+            await self._replicas.aclose(CLOSE_WAIT)
+        elif self._conn is not None and self._conn.alive:
             await self._conn.amqp.close(grace=CLOSE_WAIT)
-
-
-@attrs.frozen
-class CallOptions:
-    """A proxy's options for its calls, kept apart from the operation's keyword arguments
-    (an operation may well have a parameter named ``timeout``). None: the client's."""
-
-    timeout: float | None = None
-    """Seconds (``math.inf``: none), as ``Client.call``'s ``timeout``."""
-    encoding: Encoding | None = None
-    message_id: str | None = None
-    """The same id for each call: a repeated call that a deduplicating service recognises."""
-
-    def evolve(
-        self,
-        timeout: float | None,
-        encoding: Encoding | None,
-        message_id: str | None,
-    ) -> CallOptions:
-        """These options with the ones given (not None) replaced."""
-        return CallOptions(
-            timeout=self.timeout if timeout is None else timeout,
-            encoding=self.encoding if encoding is None else encoding,
-            message_id=self.message_id if message_id is None else message_id,
-        )
 
 
 class ServiceProxy:
@@ -540,45 +614,6 @@ class ServiceProxy:
         return f"<ServiceProxy {self.address!r} on {self.client.url}>"
 
 
-class ConnectConfig(ClientConfig, total=False):
-    """``connect``'s ``**config``: the connection's settings, handed to
-    :func:`pairlink._io.net.connect` as given (defaults there and in ``client_config``)."""
-
-    max_outgoing_bytes: int
-
-
-class _ClientSettings(ConnectConfig, total=False):
-    """``connect``'s keywords but its stream (``connector``) and its timeouts: the part
-    of them every helper that connects for its caller passes on."""
-
-    settled: bool
-    reconnect: bool
-    encoding: Encoding | None
-    reply_credit: int
-    retry_delay: float
-    max_retry_delay: float
-    ssl_context: ssl.SSLContext | None
-
-
-class ConnectOptionsExceptTimeouts(_ClientSettings, total=False):
-    """``connect``'s keywords but ``timeout`` and ``connect_timeout``, for a helper that sets
-    both (``check_health``)."""
-
-    connector: net.Connector | None
-
-
-class ConnectOptionsExceptConnector(_ClientSettings, total=False):
-    """``connect``'s keywords but ``connector``, for a helper that gives the stream itself
-    (the in-memory client of :mod:`pairlink.testing`)."""
-
-    timeout: float | None
-    connect_timeout: float | None
-
-
-class ConnectOptions(ConnectOptionsExceptTimeouts, ConnectOptionsExceptConnector, total=False):
-    """Every keyword of ``connect``: what the blocking client takes."""
-
-
 def _connect_timeout(timeout: float | None, connect_timeout: float | None) -> float:
     """How long connecting may take: ``connect_timeout`` if given, else the calls' timeout."""
     if connect_timeout is not None:
@@ -588,7 +623,7 @@ def _connect_timeout(timeout: float | None, connect_timeout: float | None) -> fl
 
 @asynccontextmanager
 async def connect(
-    url: str,
+    url: str | Sequence[str],
     *,
     timeout: float | None = 30.0,  # noqa: ASYNC109 - the default deadline of each call
     settled: bool = True,
@@ -600,9 +635,15 @@ async def connect(
     max_retry_delay: float = 5.0,
     ssl_context: ssl.SSLContext | None = None,
     connector: net.Connector | None = None,
+    resolve_interval: float = RESOLVE_INTERVAL,
     **config: Unpack[ConnectConfig],
 ) -> AsyncIterator[Client]:
-    """Connect to the container at ``amqp[s]://[user:password@]host[:port]``.
+    """Connect to the container at ``amqp[s]://[user:password@]host[:port]``, or to the
+    replicas of a service: a list of such URLs, or one whose host name resolves to several
+    addresses (one replica per address; a list of one such URL is followed as the name
+    changes, resolved again every ``resolve_interval`` seconds, ``RESOLVE_INTERVAL``: 30).
+    Each call goes to the ready replica with the most free credit (README, "Replicas"); with
+    replicas, ``connect`` returns once each has been tried, and raises if none is ready.
 
     ``timeout``: default per-call timeout in seconds (None: none); it bounds connecting as
     well, unless ``connect_timeout`` says otherwise (with no ``timeout`` either:
@@ -623,8 +664,11 @@ async def connect(
     each connection's stream instead of TCP to the URL (``pairlink.testing`` connects over
     in-memory streams with it; the URL still names the host for SASL). ``config``: engine
     settings (:class:`ConnectConfig`: ``container_id``, ``idle_timeout``, ``sasl``...).
-    Raises at once if the first connection fails.
+    Raises at once if the first connection fails (with replicas: if every one fails).
     """
+    resolved: dict[str, list[str] | None] = {}
+    with trio.move_on_after(_connect_timeout(timeout, connect_timeout)):  # else: as one URL
+        resolved = await replicas_of(url, connector)
     with body_errors_unwrapped() as body:
         async with trio.open_nursery() as nursery:
             client = Client(
@@ -641,6 +685,8 @@ async def connect(
                 ssl_context=ssl_context,
                 config=config,
                 connector=connector,
+                resolve_interval=resolve_interval,
+                resolved=resolved,
             )
             try:
                 async with body:

@@ -1,15 +1,5 @@
-"""The health check's wire form and the client side of it, shared by servers and gateways.
-
-A request to the address ``$health`` with the operation ``check`` and an optional argument
-naming a service (a gateway: a route), answered ``{"status": "serving"}``, or ``{"status":
-"draining"}`` once a graceful stop has begun; an unknown name is a 404. Servers answer it with
-:class:`pairlink._server.health.Health`, gateways with :mod:`pairlink._gateway.health`.
-
-Why this shape: gRPC's health protocol (``grpc.health.v1.Health/Check``, an optional service
-name, NOT_FOUND for an unknown one) is what probes such as ``grpc_health_probe`` speak, and AMQP
-keeps ``$``-prefixed addresses for the nodes a container provides itself (``$management``,
-``$cbs``), so ``$health`` never clashes with a user's service.
-"""
+"""The client side of the health check (its wire form: :mod:`pairlink._client.status`):
+``check_health`` asks a server or gateway once."""
 
 from __future__ import annotations
 
@@ -17,15 +7,13 @@ from typing import Unpack
 
 import trio
 
-from pairlink._client.client import ConnectOptionsExceptTimeouts, connect
+from pairlink._client.client import connect
+from pairlink._client.options import ConnectOptionsExceptTimeouts
+from pairlink._client.status import CHECK as CHECK
+from pairlink._client.status import DRAINING as DRAINING
+from pairlink._client.status import HEALTH as HEALTH
+from pairlink._client.status import SERVING as SERVING
 from pairlink.errors import PairlinkError
-
-HEALTH = "$health"
-"""The address of the built-in health service."""
-CHECK = "check"
-"""Its one operation."""
-SERVING = "serving"
-DRAINING = "draining"
 
 
 async def check_health(

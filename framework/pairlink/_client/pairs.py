@@ -35,6 +35,7 @@ from pairlink._amqp.messaging import (
 )
 from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER, SND_SETTLED, SND_UNSETTLED
 from pairlink._amqp.types import Decoded
+from pairlink._client.placement import room
 from pairlink._client.reply import Reply
 from pairlink._client.timeouts import Timeouts
 from pairlink._io.connection import AmqpConnection
@@ -44,6 +45,16 @@ from pairlink._rpc.linkpair import paired_mismatch, paired_properties
 from pairlink._rpc.payload import Encoding
 from pairlink._telemetry.logs import Logger
 from pairlink.errors import ConnectionLostError, LinkDetachedError, PairlinkError
+
+
+class NotSent(Exception):
+    """A call on a pair of one of several replicas failed before its request left (it waited
+    in the line for credit): nothing reached the service, so another replica may take it.
+    Raised only on a ``resendable`` pair; ``error`` is what its caller gets if none can."""
+
+    def __init__(self, error: PairlinkError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Calls(Protocol):
@@ -78,6 +89,7 @@ class Call:
     error: PairlinkError | None = None
     line: Sender | None = None  # the sender whose line it waits in, not sent yet
     over: bool = False  # answered, failed or expired: its caller is woken (or need not wait)
+    unsent: bool = False  # failed while waiting in the line: the request never left
     task: trio.lowlevel.Task | None = None  # the caller, while it waits
 
     def wait(self) -> Awaitable[None]:
@@ -121,6 +133,8 @@ class Call:
 
     def end(self, error: PairlinkError) -> None:
         self.error = error
+        if self.line is not None:
+            self.unsent = True
         self._wake()
         if self.scope is not None:
             self.scope.cancel()
@@ -129,6 +143,7 @@ class Call:
         """From the sender's line: the request went out, or never will (``error``)."""
         self.line = None
         if error is not None:
+            self.unsent = True
             self.end(error)
 
 
@@ -155,6 +170,7 @@ class CallPair(LinkOwner):
         self.fresh = paired  # the first request may go before the peer's attach (LP-10)
         self.granted = False  # the service has given the request link credit
         self.verified = not paired  # LP-5 applies to pairs only
+        self.resendable = False  # a call that never left raises NotSent: another replica takes it
         self.log = conn.log
         self.clock = conn.client.clock
         self.tracer = spans.opentelemetry_tracer()  # None: no spans, plain W3C headers
@@ -367,6 +383,19 @@ class CallPair(LinkOwner):
         call, outcome = await self.exchange(call_id, payload, deadline_at, settled, label, alias)
         return Reply(call.reply, outcome)
 
+    def free_credit(self) -> int:
+        """Requests it may send now without waiting (below zero: that many wait in its line);
+        a fresh pair may send one before the peer's attach (LP-10)."""
+        sender = self.sender
+        link = sender.end.link
+        if self.fresh and link.remote_attach is None:
+            return 1
+        return link.usable_credit - sender.waiting
+
+    def room(self) -> int:
+        """What replicas are ranked by (:func:`pairlink._client.placement.room`)."""
+        return room(self.free_credit(), len(self.calls))
+
     def had_no_room(self, error: LinkDetachedError) -> bool:
         """Whether a call failed with ``error`` because the service had no room for this
         pair's pipelined first requests (LP-10): detached before it granted any credit, so
@@ -438,6 +467,8 @@ class CallPair(LinkOwner):
         ):
             return call, outcome
         if call.error is not None:
+            if call.unsent and self.resendable:
+                raise NotSent(call.error)
             raise call.error
         self.log.debug("call.timeout", message_id=call_id, operation=label)
         raise TimeoutError(f"{self.address}.{label}: no reply within the deadline")

@@ -81,6 +81,12 @@ TIMEOUT = 408
 CONFLICT = 409
 INTERNAL_ERROR = 500
 UNAVAILABLE = 503
+SHUTTING_DOWN = "shutting down"
+"""The description of a 503 for a call its service did not run because it stops (it came
+after the drain began, or still waited when the grace ran out): another replica may take it."""
+SERVER_SHUTTING_DOWN = "the server is shutting down"
+"""The description of the ``detach-forced`` that ends a stopping server's links, once it has
+answered every call it held: a call still unanswered then was not run."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _ONE_MS = datetime.timedelta(milliseconds=1)

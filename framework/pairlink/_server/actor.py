@@ -204,7 +204,7 @@ class Actor:
             answer = Answer(TIMEOUT, "the deadline had passed")
             self.respond(Arrival(request, route, origin, delivery), answer)
         elif self.stopping:
-            answer = Answer(UNAVAILABLE, "shutting down")
+            answer = Answer(UNAVAILABLE, wire.SHUTTING_DOWN)
             self.respond(Arrival(request, route, origin, delivery), answer)
         else:
             try:
@@ -479,7 +479,7 @@ class Actor:
             self._answer(call, Answer(TIMEOUT, "the deadline passed while the call was queued"))
             return False
         if self.aborting:
-            self._answer(call, Answer(UNAVAILABLE, "shutting down"))
+            self._answer(call, Answer(UNAVAILABLE, wire.SHUTTING_DOWN))
             return False
         return True
 
@@ -510,7 +510,7 @@ class Actor:
         deadline; its room was taken when it was handed over."""
         if self.aborting:  # handed over just before the grace period ran out
             self._ended(call)
-            self._answer(call, Answer(UNAVAILABLE, "shutting down"))
+            self._answer(call, Answer(UNAVAILABLE, wire.SHUTTING_DOWN))
             return
         request = call.request
         operation = call.operation

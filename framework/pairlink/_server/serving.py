@@ -27,7 +27,7 @@ from pairlink._io.listener import listen as listen_amqp
 from pairlink._io.net import AmqpUrl, Connector, EngineOptions
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0
-from pairlink._rpc.wire import CALL_ENVELOPE
+from pairlink._rpc.wire import CALL_ENVELOPE, SERVER_SHUTTING_DOWN
 from pairlink._server.actor import Actor
 from pairlink._server.container import Container, Peer
 from pairlink._server.context import Middleware, check_middleware
@@ -216,7 +216,7 @@ class Server:
             await self._drain()
             # every call held is answered: the links go, saying why (a call still waiting
             # for credit fails with this condition and text, not a bare detach)
-            why = Error(DETACH_FORCED, "the server is shutting down")
+            why = Error(DETACH_FORCED, SERVER_SHUTTING_DOWN)
             for listener in self.listeners:
                 for served in list(listener.handlers.values()):
                     for endpoint in served.peer.endpoints():
