@@ -66,6 +66,8 @@ class Downstream:
         for relay in self.relays.values():
             relay.release()
         self.relays.clear()
+        for upstream in set(self.context.upstreams.values()):
+            upstream.leave(self.conn)  # its lanes close: they carried its pairs alone
 
     def may_use(self, route: Route) -> bool:
         return route.allow is None or (self.user is not None and self.user in route.allow)
@@ -117,8 +119,8 @@ class Downstream:
         pair = PairRelay(self, route, link.name, link, lease)
         self.relays[link.name] = pair
         release = self.conn.hold_input()
-        upstream = context.upstreams[route.public]
-        context.start_soon(pair.open, upstream, context.attach_timeout, release)
+        lane = context.upstreams[route.public].lane(self.conn)
+        context.start_soon(pair.open, lane, context.attach_timeout, release)
 
     def _lease(self, link: Link, half: PairHalf) -> PairLease | None:
         """A place for a new pair, or None with the link refused: ``max_pairs`` are carried,

@@ -24,7 +24,7 @@ from pairlink._amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, 
 from pairlink._amqp.session import Session
 from pairlink._gateway.config import Route
 from pairlink._gateway.relay import Hop
-from pairlink._gateway.upstream import Upstream, UpstreamUnavailable
+from pairlink._gateway.upstream import Lane, Upstream, UpstreamUnavailable
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner
 from pairlink._rpc.linkpair import PairHalf, judge_attach, paired_mismatch, paired_properties
@@ -34,7 +34,11 @@ log = get_logger("pairlink.gateway")
 
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream
-pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
+pair is answered anyway (a next hop that grants on attach sends both in one burst). Not waited
+on a starved lane (:attr:`pairlink._gateway.upstream.Lane.starved`): the peer's input is held
+meanwhile, and a caller opening pairs past what the next hop gives it had each of them answered
+one ``CREDIT_WAIT`` per gateway after the other (2 s a pair through two), its other traffic
+unread all along, until its own idle timeout closed it."""
 
 
 K = TypeVar("K")
@@ -191,16 +195,18 @@ class UpstreamPair:
     def changed(self) -> None:
         self._changed.set()
 
-    async def open(self, upstream: Upstream, within: float) -> Error | None:
-        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most);
-        returns why it failed, None when it is up."""
+    async def open(self, upstream: Lane, within: float) -> Error | None:
+        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most,
+        unless the lane is starved); returns why it failed, None when it is up."""
         try:
             with trio.move_on_after(within) as scope:
                 self._attach(*await upstream.place())
                 await self._until(self._settled)
-                if self.failure is None:
+                if self.failure is None and not upstream.starved:
                     with trio.move_on_after(CREDIT_WAIT):
                         await self._until(self._has_credit)
+                if self.failure is None:
+                    upstream.starved = not self._has_credit()
             if scope.cancelled_caught and self.failure is None:
                 self.fail(Error(DETACH_FORCED, "the next hop did not answer the pair in time"))
         except UpstreamUnavailable:
@@ -310,7 +316,7 @@ class PairRelay:
         if self.ready or self.failure is not None:
             self._answer()
 
-    async def open(self, upstream: Upstream, within: float, release: Callable[[], None]) -> None:
+    async def open(self, upstream: Lane, within: float, release: Callable[[], None]) -> None:
         """Pair upstream, then answer downstream; ``release`` lets the downstream
         connection's input flow again, whatever happened."""
         try:
