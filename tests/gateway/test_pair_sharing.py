@@ -12,10 +12,22 @@ from __future__ import annotations
 import pytest
 import trio
 
-from pairlink import connect
+from pairlink import connect, hosted, open_server
+from pairlink._amqp import errors as conditions
 from pairlink._io import net
-from tests.gateway.chain import PUBLIC, decode_stream, echo_on, names_in, open_chain
-from tests.gateway.test_capacity import open_pairs
+from pairlink.gateway import open_gateway, parse_config
+from services.echo import Echo
+from tests.gateway.chain import (
+    INTERNAL,
+    LOOPBACK,
+    PUBLIC,
+    attach_pair,
+    decode_stream,
+    echo_on,
+    names_in,
+    open_chain,
+)
+from tests.gateway.test_capacity import attached, open_pairs, refused
 
 MAILBOX = 64
 """The echo's mailbox behind the chain: the credit every caller through it shares."""
@@ -70,3 +82,42 @@ async def test_pairs_past_the_next_hops_credit_are_answered_without_holding_the_
             receiver.detach()
         with trio.fail_after(10):
             assert await echo_on(*late, "late") == "late"
+
+
+GATEWAY_TOML = """\
+listen = "amqp://127.0.0.1:0"
+[users]
+alice = {{ password_env = "ALICE_PASSWORD", max_pairs = 2 }}
+bob = {{ password_env = "BOB_PASSWORD" }}
+[[route]]
+public = "billing"
+upstream = "{upstream}"
+address = "{address}"
+"""
+
+
+async def test_a_user_with_a_smaller_share_is_refused_at_it_and_another_user_is_not() -> None:
+    """``[users] alice = { ..., max_pairs = 2 }``: alice's third pair is refused with
+    resource-limit-exceeded, naming her share; bob (the default share, half of max_pairs)
+    opens three, and each carries a call."""
+    environ = {"ALICE_PASSWORD": "alice-secret", "BOB_PASSWORD": "bob-secret"}
+    async with open_server(
+        hosted(Echo, address=INTERNAL), listen=f"amqp://{LOOPBACK}:0", grace=1
+    ) as co:
+        text = GATEWAY_TOML.format(upstream=co.url, address=INTERNAL)
+        config = parse_config(text, environ=environ)
+        async with (
+            open_gateway(config) as gn,
+            net.connect(f"amqp://alice:alice-secret@{LOOPBACK}:{gn.port}") as alice,
+            net.connect(f"amqp://bob:bob-secret@{LOOPBACK}:{gn.port}") as bob,
+        ):
+            await attached([attach_pair(alice, f"alice-{i}") for i in range(2)])
+            error = await refused(attach_pair(alice, "alice-2"))
+            assert error.condition == conditions.RESOURCE_LIMIT_EXCEEDED
+            assert "alice may hold 2 pairs at most" in str(error)
+            pairs = [attach_pair(bob, f"bob-{i}") for i in range(3)]
+            await attached(pairs)
+            with trio.fail_after(10):
+                for i, pair in enumerate(pairs):
+                    assert await echo_on(*pair, i) == i
+            assert gn.pairs.by_user == {"alice": 2, "bob": 3}

@@ -151,7 +151,10 @@ class Gateway:
         self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
         self.routes = {route.public: route for route in config.routes}
         self.pairs = PairBudget(
-            config.max_pairs, config.pairs_per_user(), config.pairs_per_connection()
+            config.max_pairs,
+            config.pairs_per_user(),
+            config.pairs_per_connection(),
+            config.max_pairs_by_user,
         )
         self.listener: Listener[Downstream] | None = None
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}

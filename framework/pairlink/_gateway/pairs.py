@@ -47,13 +47,20 @@ K = TypeVar("K")
 class PairBudget:
     """The pairs a gateway carries now, against its ``max_pairs``: each pair a peer attaches,
     and each next hop a routing node pairs with, holds a :class:`PairLease` while it lives.
-    No user may hold more than ``per_user`` of them, nor one connection more than
-    ``per_connection``, so that one party never takes every place."""
+    No user may hold more than its share of them (in ``by_user``, else ``per_user``), nor one
+    connection more than ``per_connection``, so that one party never takes every place."""
 
-    def __init__(self, limit: int, per_user: int, per_connection: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        per_user: int,
+        per_connection: int,
+        by_user: Mapping[str, int] | None = None,
+    ) -> None:
         self.limit = limit
         self.per_user = per_user
         self.per_connection = per_connection
+        self.shares: Mapping[str, int] = by_user or {}
         self.used = 0
         self.by_user: dict[str | None, int] = {}
         self.by_connection: dict[object, int] = {}
@@ -62,8 +69,9 @@ class PairBudget:
         """A place for one more pair of ``user`` on ``connection``; else why not."""
         if self.used >= self.limit:
             return f"this gateway carries its maximum of {self.limit} pairs"
-        if self.by_user.get(user, 0) >= self.per_user:
-            return f"{user or 'anonymous peers'} may hold {self.per_user} pairs at most"
+        share = self.per_user if user is None else self.shares.get(user, self.per_user)
+        if self.by_user.get(user, 0) >= share:
+            return f"{user or 'anonymous peers'} may hold {share} pairs at most"
         if self.by_connection.get(connection, 0) >= self.per_connection:
             return f"one connection may hold {self.per_connection} pairs at most"
         self.used += 1
