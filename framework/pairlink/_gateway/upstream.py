@@ -89,11 +89,12 @@ class Upstream:
 
     @property
     def up(self) -> bool:
-        """The main connection is open: new pairs can go there."""
+        """The main connection is open: the next hop is reachable, new pairs are placed."""
         return self.current is not None and not self.current.closed.is_set()
 
     async def connection(self) -> AmqpConnection:
-        """The live main connection; waits only for the very first attempt to finish."""
+        """The live main connection (else the route is broken: ``UpstreamUnavailable``);
+        waits only for the very first attempt to finish."""
         await self.tried.wait()
         conn = self.current
         if conn is None or conn.closed.is_set():
