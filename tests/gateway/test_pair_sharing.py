@@ -26,6 +26,7 @@ from tests.gateway.chain import (
     echo_on,
     names_in,
     open_chain,
+    wait_until,
 )
 from tests.gateway.test_capacity import attached, open_pairs, refused
 
@@ -121,3 +122,23 @@ async def test_a_user_with_a_smaller_share_is_refused_at_it_and_another_user_is_
                 for i, pair in enumerate(pairs):
                     assert await echo_on(*pair, i) == i
             assert gn.pairs.by_user == {"alice": 2, "bob": 3}
+
+
+async def test_a_callers_upstream_connections_close_when_it_leaves() -> None:
+    """Each client's lane closes with the client: after 20 clients came, called and left, GN
+    and GO hold their main connection to the next hop and nothing else."""
+    clients = 20
+    async with open_chain() as chain:
+        for i in range(clients):
+            async with connect(chain.url) as client:
+                assert await client.call(PUBLIC, "echo", i) == i
+        gn, go = chain.gn.gateway, chain.go.gateway
+        assert gn is not None and go is not None
+        for tap in (chain.gn_go, chain.go_co):
+            main, *lanes = tap.connections
+            assert len(lanes) == clients
+            await wait_until(lambda lanes=lanes: all(c.ended.is_set() for c in lanes))
+            assert not main.ended.is_set()
+        for upstream in (gn.upstreams[PUBLIC], go.upstreams[PUBLIC]):
+            assert not upstream.lanes
+            assert list(upstream.sessions) == [upstream.current]
