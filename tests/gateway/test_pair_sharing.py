@@ -36,7 +36,7 @@ BACKLOG = 200
 """Pairs client A opens at once: more than the echo has credit for, so that most wait."""
 
 
-@pytest.mark.usefixtures("io_clock")  # GN and GO wait CREDIT_WAIT for credit A does not get
+@pytest.mark.usefixtures("io_clock")  # what waits for credit waits in virtual time
 async def test_one_clients_backlog_of_pairs_never_delays_another_clients_call() -> None:
     """A (one connection) opens BACKLOG pairs and sends nothing on them; once they hold all
     of the echo's credit, B (another connection of the same user) calls. B's reply comes while
@@ -64,14 +64,15 @@ async def test_one_clients_backlog_of_pairs_never_delays_another_clients_call() 
 
 @pytest.mark.usefixtures("io_clock")
 async def test_pairs_past_the_next_hops_credit_are_answered_without_holding_the_caller() -> None:
-    """A opens BACKLOG pairs, more than the echo has credit for: GN and GO wait CREDIT_WAIT
-    for the first pair that gets none, and answer the rest as soon as the echo answers them,
-    so A's input is never held for long and A stays connected (before, each waited a
-    CREDIT_WAIT at each gateway, and GN's 5 s idle timeout closed A, its heartbeats unread).
-    A pair answered without credit gets it once A's other pairs give theirs back."""
+    """A opens BACKLOG pairs, more than the echo has credit for: GN and GO answer each as
+    soon as the echo answers it (the echo grants with its attach answer, as their first pairs
+    showed, so a pair answered without credit has none coming soon), A's input is never held
+    for long, and A stays connected (before, each pair past the credit waited CREDIT_WAIT at
+    each gateway, and GN's 5 s idle timeout closed A, its heartbeats unread). A pair answered
+    without credit gets it once A's other pairs give theirs back."""
     async with open_chain(echo_mailbox=MAILBOX) as chain, net.connect(chain.url) as a:
         backlog = open_pairs(a, BACKLOG, "a")
-        with trio.fail_after(60):  # virtual seconds: one CREDIT_WAIT in all, not one a pair
+        with trio.fail_after(60):  # virtual seconds (before: 2 s a pair past the credit)
             for sender, receiver in backlog:
                 await sender.attached.wait()
                 await receiver.attached.wait()

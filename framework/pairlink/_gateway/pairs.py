@@ -34,11 +34,11 @@ log = get_logger("pairlink.gateway")
 
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream
-pair is answered anyway (a next hop that grants on attach sends both in one burst). Not waited
-on a starved lane (:attr:`pairlink._gateway.upstream.Lane.starved`): the peer's input is held
-meanwhile, and a caller opening pairs past what the next hop gives it had each of them answered
-one ``CREDIT_WAIT`` per gateway after the other (2 s a pair through two), its other traffic
-unread all along, until its own idle timeout closed it."""
+pair is answered anyway, for a next hop that sends its credit after its attach answer. Not
+waited where it gains nothing (:attr:`pairlink._gateway.upstream.Lane.waits_for_credit`): the
+peer's input is held meanwhile, and a caller opening pairs past what the next hop gives it had
+each of them answered one ``CREDIT_WAIT`` per gateway after the other (2 s a pair through two),
+its other traffic unread all along, until its own idle timeout closed it."""
 
 
 K = TypeVar("K")
@@ -204,17 +204,18 @@ class UpstreamPair:
         self._changed.set()
 
     async def open(self, upstream: Lane, within: float) -> Error | None:
-        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most,
-        unless the lane is starved); returns why it failed, None when it is up."""
+        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most, if
+        the lane waits for it); returns why it failed, None when it is up."""
         try:
             with trio.move_on_after(within) as scope:
                 self._attach(*await upstream.place())
                 await self._until(self._settled)
-                if self.failure is None and not upstream.starved:
-                    with trio.move_on_after(CREDIT_WAIT):
-                        await self._until(self._has_credit)
                 if self.failure is None:
-                    upstream.starved = not self._has_credit()
+                    at_once = self._has_credit()
+                    if not at_once and upstream.waits_for_credit:
+                        with trio.move_on_after(CREDIT_WAIT):
+                            await self._until(self._has_credit)
+                    upstream.answered(at_once=at_once, credit=self._has_credit())
             if scope.cancelled_caught and self.failure is None:
                 self.fail(Error(DETACH_FORCED, "the next hop did not answer the pair in time"))
         except UpstreamUnavailable:

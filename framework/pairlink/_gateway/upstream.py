@@ -83,6 +83,7 @@ class Upstream:
         self.lanes: dict[Hashable, Lane] = {}  # by caller
         self.sessions: dict[AmqpConnection, list[Session]] = {}  # every connection's sessions
         self.tried = trio.Event()  # the first attempt is over, whatever its result
+        self.grants_on_attach = False  # a pair here had credit with its attach answer
         self._failures = 0
         self._nursery: trio.Nursery | None = None
         self._log = log.bind(upstream=self.where)
@@ -238,11 +239,23 @@ class Lane:
         self.caller = caller
         self.conns: list[AmqpConnection] = []
         self.left = trio.Event()  # the caller is gone: the connections close
-        self.starved = False
-        """The caller's last pair placed here had no credit from the next hop once answered
-        (within ``CREDIT_WAIT``): its next pairs are answered without waiting for credit, which
-        will not come before the caller's other pairs use or give back theirs."""
+        self.starved = False  # its last pair had no credit once answered (see answered)
         self._adding = trio.Lock()  # one connection opens at a time
+
+    @property
+    def waits_for_credit(self) -> bool:
+        """Whether a pair answered here without credit waits for it (``CREDIT_WAIT``): not
+        once the next hop has shown that it grants with its attach answer (a pairlink service
+        or gateway does: one answered without credit has none coming soon), nor after the
+        caller's last pair got none in that time (its pairs wait for the others' credit)."""
+        return not (self.upstream.grants_on_attach or self.starved)
+
+    def answered(self, *, at_once: bool, credit: bool) -> None:
+        """A pair of the caller was answered, with credit ``at_once`` or none yet, and had
+        ``credit`` when its wait was over."""
+        if at_once:
+            self.upstream.grants_on_attach = True
+        self.starved = not credit
 
     async def place(self) -> tuple[AmqpConnection, Session]:
         """Where the caller's next pair goes: a session with two handles free. Returns with
