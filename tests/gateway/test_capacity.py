@@ -165,8 +165,10 @@ async def test_lp11_thousands_of_concurrent_pairs_through_the_chain_are_all_answ
             await wait_until(lambda: upstream_links(gn) == upstream_links(go) == 0, within=20)
 
     for tap in (chain.gn_go, chain.go_co):
-        # one connection per hop, its pairs on 4 sessions of 512 pairs at most (1,024 handles)
-        [connection] = tap.connections
+        # two connections per hop: the gateway's main one, which carries no pair, and the
+        # client's lane, its pairs on 4 sessions of 512 pairs at most (1,024 handles)
+        main, connection = tap.connections
+        assert not of(frames_of(main.up, {ATTACH}), Attach)
         sent = frames_of(connection.up, {BEGIN, ATTACH})
         answered = frames_of(connection.down, {ATTACH, DETACH})
         assert len(of(sent, Begin)) == 4, tap
@@ -187,7 +189,7 @@ async def test_lp11_thousands_of_concurrent_pairs_through_the_chain_are_all_answ
 @pytest.mark.usefixtures("info_logs")
 async def test_lp11_pairs_past_the_next_hops_channel_max_open_another_connection() -> None:
     """A next hop that allows one session per connection (channel-max 0): GN opens another
-    connection once the first one's session is full (512 pairs)."""
+    connection for the client once the first one's session is full (512 pairs)."""
     pairs_wanted = 600
     async with trio.open_nursery() as nursery:
         async with open_server(
@@ -212,10 +214,10 @@ async def test_lp11_pairs_past_the_next_hops_channel_max_open_another_connection
                         assert replies == {i: i for i in range(pairs_wanted)}
                     await wait_until(lambda: gn.pairs.used == 0, within=20)
         nursery.cancel_scope.cancel()
-    assert len(tap.connections) == 2
+    assert len(tap.connections) == 3  # GN's main connection, and the client's lane of two
     sent = [frames_of(c.up, {BEGIN, ATTACH}) for c in tap.connections]
-    assert [len(of(frames, Begin)) for frames in sent] == [1, 1]
-    assert [len(of(frames, Attach)) for frames in sent] == [1024, 2 * (pairs_wanted - 512)]
+    assert [len(of(frames, Begin)) for frames in sent] == [1, 1, 1]
+    assert [len(of(frames, Attach)) for frames in sent] == [0, 1024, 2 * (pairs_wanted - 512)]
 
 
 # -- max_pairs ----------------------------------------------------------------------------------

@@ -99,6 +99,63 @@ def test_max_pairs_is_read_and_defaults_to_max_pairs() -> None:
     assert parse(MINIMAL, {}).max_pairs == MAX_PAIRS == 10_000
 
 
+SHARES = """\
+listen = "amqp://127.0.0.1:0"
+max_pairs_per_user = 100
+
+[users]
+apps = { password_env = "GN_APPS_PASSWORD", max_pairs = 2000 }
+
+[users.ops]
+password_env = "GN_OPS_PASSWORD"
+max_pairs = 3
+{extra}
+[[route]]
+public = "billing"
+upstream = "amqp://127.0.0.1:25672"
+address = "billing"
+"""
+"""Lines: 5 apps, 7 [users.ops], 9 its max_pairs, 10 {extra}."""
+
+
+def test_a_users_own_max_pairs_is_its_share() -> None:
+    config = parse(SHARES.replace("{extra}", ""))
+    assert config.max_pairs_by_user == {"apps": 2000, "ops": 3}
+    assert config.pairs_per_user() == 100  # every other user's
+    assert parse(MINIMAL, {}).max_pairs_by_user == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "problem"),
+    [
+        (SHARES.replace("max_pairs = 3", "max_pairs = 0"), 9, "users.ops.max_pairs", "0 is not"),
+        (
+            SHARES.replace("max_pairs = 3", 'max_pairs = "3"'),
+            9,
+            "users.ops.max_pairs",
+            "expected a number of pairs (an integer), got a string",
+        ),
+        (
+            SHARES.replace("2000 }", "2000.5 }"),
+            5,
+            "users.apps.max_pairs",
+            "expected a number of pairs (an integer), got a number",
+        ),
+        (
+            SHARES.replace("{extra}", "max_pair = 4"),
+            10,
+            "users.ops.max_pair",
+            "unknown key (known here: password_env, certificate, vouches, max_pairs)",
+        ),
+    ],
+)
+def test_a_users_max_pairs_mistakes_are_refused_with_their_line_and_key(
+    text: str, line: int, key: str, problem: str
+) -> None:
+    message = refusal(text.replace("{extra}", ""))
+    assert message.startswith(f"gn.toml:{line}: {key}: {problem}"), message
+
+
 def test_limits_are_read_and_default_to_the_documented_constants() -> None:
     text = (
         "[limits]\nhandshake_timeout = 2\nmax_connections = 50\nmax_outgoing_bytes = 1_048_576\n"
@@ -174,7 +231,7 @@ REFUSALS = [
         replace("ops = { password_env", 'ops = { password = "x", password_env'),
         8,
         "users.ops.password",
-        "unknown key (known here: password_env, certificate, vouches)",
+        "unknown key (known here: password_env, certificate, vouches, max_pairs)",
         id="unknown-user-key",
     ),
     pytest.param(

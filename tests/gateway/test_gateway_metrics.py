@@ -71,7 +71,8 @@ async def test_gateway_metrics_after_relayed_calls() -> None:
                 behind = await scrape(server.metrics_url)
                 calls = {"service": "echo", "operation": "echo", "status": "200"}
                 assert behind.value("pairlink_calls_total", **calls) == 3
-                assert behind.value("pairlink_connections") == 1  # the gateway's upstream
+                # the gateway's upstream connections: its main one and the client's lane
+                assert behind.value("pairlink_connections") == 2
             await wait_for(lambda: gateway.pairs.used == 0)
             stop.set()  # the next hop goes away
             await wait_for(lambda: not gateway.upstreams[PUBLIC].up, WITHIN)

@@ -94,6 +94,9 @@ class TomlReader:
     """Checks a parsed document key by key; each check names the key's path (for the line).
     Subclasses read their own documents (the gateway's, ``serve``'s) with these checks."""
 
+    user_keys: tuple[str, ...] = _USER_KEYS
+    """The keys a ``[users]`` entry may have (a subclass may allow more, and read them)."""
+
     def __init__(
         self,
         text: str,
@@ -133,7 +136,7 @@ class TomlReader:
         certificate_users: set[str] = set()
         for name, entry in self.table(value, ("users",), None).items():
             here: KeyPath = ("users", name)
-            table = self.table(entry, here, _USER_KEYS)
+            table = self.table(entry, here, self.user_keys)
             if "certificate" not in table:
                 users[name] = self.password(table, here, "password_env")
             elif table["certificate"] is not True or "password_env" in table:
@@ -152,7 +155,7 @@ class TomlReader:
         they carry (:mod:`pairlink._rpc.caller`)."""
         names = set()
         for name, entry in self.table(document.get("users", {}), ("users",), None).items():
-            table = self.table(entry, ("users", name), _USER_KEYS)
+            table = self.table(entry, ("users", name), self.user_keys)
             if "vouches" in table:
                 if table["vouches"] is not True:
                     why = "vouches = true (a gateway trusted to vouch for its callers), or none"

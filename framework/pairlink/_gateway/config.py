@@ -66,6 +66,8 @@ class GatewayConfig:
     hop a routing node pairs with), past which new ones are refused; ``max_pairs_per_user``
     and ``max_pairs_per_connection``: the most of them one user, and one connection, may hold
     (None: half of ``max_pairs``, and a quarter), so that no party takes them all;
+    ``max_pairs_by_user``: a user's own share, instead of ``max_pairs_per_user`` (its
+    ``[users]`` entry's ``max_pairs``);
     ``limits``: what peers may make the gateway hold (the ``[limits]`` table,
     :class:`pairlink.Limits`);
     ``metrics_listen``: ``HOST:PORT`` of its Prometheus endpoint (None: no metrics)."""
@@ -84,11 +86,13 @@ class GatewayConfig:
     max_pairs: int = MAX_PAIRS
     max_pairs_per_user: int | None = None
     max_pairs_per_connection: int | None = None
+    max_pairs_by_user: dict[str, int] = attrs.field(factory=dict)
     limits: Limits = attrs.field(factory=Limits)
     metrics_listen: str | None = None
 
     def pairs_per_user(self) -> int:
-        """The most pairs one user holds: ``max_pairs_per_user``, else half of the total."""
+        """The most pairs one user holds unless ``max_pairs_by_user`` says otherwise:
+        ``max_pairs_per_user``, else half of the total."""
         if self.max_pairs_per_user is not None:
             return self.max_pairs_per_user
         return max(1, self.max_pairs // 2)
@@ -156,6 +160,7 @@ class _Bounds(TypedDict, total=False):
     max_pairs: int
     max_pairs_per_user: int
     max_pairs_per_connection: int
+    max_pairs_by_user: dict[str, int]
     limits: Limits
 
 
@@ -173,17 +178,22 @@ _TIMEOUTS: tuple[Literal["idle_timeout", "attach_timeout"], ...] = (
 class _Reader(TomlReader):
     """The gateway's document, with the shared checks of :class:`TomlReader`."""
 
+    user_keys = (*TomlReader.user_keys, "max_pairs")
+
     def config(self, document: Table) -> GatewayConfig:
         self.keys(document, (), _TOP_KEYS)
         listen = self.url(self.required(document, (), "listen"), ("listen",))
         users = None
         certificate_users: frozenset[str] = frozenset()
+        limits: _Bounds = {}  # absent: GatewayConfig's defaults
         if "users" in document:
             users, certificate_users = self.users(document["users"])
+            shares = self.user_shares(document["users"])
+            if shares:
+                limits["max_pairs_by_user"] = shares
         tls = self.tls(document, ("listen",), listen.startswith("amqps:"))
         self.certificates_verified(certificate_users, tls)
         client_ca = None if tls is None else tls.client_ca
-        limits: _Bounds = {}  # absent: GatewayConfig's defaults
         for key in _TIMEOUTS:
             if key in document:
                 limits[key] = self.seconds(document[key], (key,))
@@ -205,6 +215,16 @@ class _Reader(TomlReader):
             metrics_listen=self.metrics_listen(document),
             **limits,
         )
+
+    def user_shares(self, value: object) -> dict[str, int]:
+        """The users' own ``max_pairs`` in the ``[users]`` table (read by ``users`` first)."""
+        shares: dict[str, int] = {}
+        for name, entry in self.table(value, ("users",), None).items():
+            here: KeyPath = ("users", name, "max_pairs")
+            table = self.table(entry, here[:2], None)
+            if "max_pairs" in table:
+                shares[name] = self.count(table["max_pairs"], here, "pairs")
+        return shares
 
     def routes(self, document: Table, users: Set[str] | None) -> tuple[Route, ...]:
         tables = document.get("route")

@@ -68,6 +68,8 @@ class Downstream:
         for relay in self.relays.values():
             relay.release()
         self.relays.clear()
+        for upstream in set(self.context.upstreams.values()):
+            upstream.leave(self.conn)  # its lanes close: they carried its pairs alone
 
     def may_use(self, route: Route) -> bool:
         return route.allow is None or (self.user is not None and self.user in route.allow)
@@ -122,8 +124,8 @@ class Downstream:
         pair = PairRelay(self, route, link.name, link, lease, caller)
         self.relays[link.name] = pair
         release = self.conn.hold_input()
-        upstream = context.upstreams[route.public]
-        context.start_soon(pair.open, upstream, context.attach_timeout, release)
+        lane = context.upstreams[route.public].lane(self.conn)
+        context.start_soon(pair.open, lane, context.attach_timeout, release)
 
     def _caller(self, link: Link, half: PairHalf) -> Identity | None:
         """Whom a new pair carries for, to vouch for upstream: the peer's user, or the caller
@@ -171,7 +173,10 @@ class Gateway:
         self.container_id = config.container_id or f"pairlink-gateway-{uuid.uuid4()}"
         self.routes = {route.public: route for route in config.routes}
         self.pairs = PairBudget(
-            config.max_pairs, config.pairs_per_user(), config.pairs_per_connection()
+            config.max_pairs,
+            config.pairs_per_user(),
+            config.pairs_per_connection(),
+            config.max_pairs_by_user,
         )
         self.listener: Listener[Downstream] | None = None
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}

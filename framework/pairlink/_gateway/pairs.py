@@ -24,7 +24,7 @@ from pairlink._amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, 
 from pairlink._amqp.session import Session
 from pairlink._gateway.config import Route
 from pairlink._gateway.relay import Hop
-from pairlink._gateway.upstream import Upstream, UpstreamUnavailable
+from pairlink._gateway.upstream import Lane, Upstream, UpstreamUnavailable
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner
 from pairlink._rpc.caller import Identity
@@ -35,7 +35,11 @@ log = get_logger("pairlink.gateway")
 
 CREDIT_WAIT = 1.0
 """How long an attached upstream pair may take to grant its first credit before the downstream
-pair is answered anyway (a next hop that grants on attach sends both in one burst)."""
+pair is answered anyway, for a next hop that sends its credit after its attach answer. Not
+waited where it gains nothing (:attr:`pairlink._gateway.upstream.Lane.waits_for_credit`): the
+peer's input is held meanwhile, and a caller opening pairs past what the next hop gives it had
+each of them answered one ``CREDIT_WAIT`` per gateway after the other (2 s a pair through two),
+its other traffic unread all along, until its own idle timeout closed it."""
 
 
 K = TypeVar("K")
@@ -44,13 +48,20 @@ K = TypeVar("K")
 class PairBudget:
     """The pairs a gateway carries now, against its ``max_pairs``: each pair a peer attaches,
     and each next hop a routing node pairs with, holds a :class:`PairLease` while it lives.
-    No user may hold more than ``per_user`` of them, nor one connection more than
-    ``per_connection``, so that one party never takes every place."""
+    No user may hold more than its share of them (in ``by_user``, else ``per_user``), nor one
+    connection more than ``per_connection``, so that one party never takes every place."""
 
-    def __init__(self, limit: int, per_user: int, per_connection: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        per_user: int,
+        per_connection: int,
+        by_user: Mapping[str, int] | None = None,
+    ) -> None:
         self.limit = limit
         self.per_user = per_user
         self.per_connection = per_connection
+        self.shares: Mapping[str, int] = by_user or {}
         self.used = 0
         self.by_user: dict[str | None, int] = {}
         self.by_connection: dict[object, int] = {}
@@ -59,8 +70,9 @@ class PairBudget:
         """A place for one more pair of ``user`` on ``connection``; else why not."""
         if self.used >= self.limit:
             return f"this gateway carries its maximum of {self.limit} pairs"
-        if self.by_user.get(user, 0) >= self.per_user:
-            return f"{user or 'anonymous peers'} may hold {self.per_user} pairs at most"
+        share = self.per_user if user is None else self.shares.get(user, self.per_user)
+        if self.by_user.get(user, 0) >= share:
+            return f"{user or 'anonymous peers'} may hold {share} pairs at most"
         if self.by_connection.get(connection, 0) >= self.per_connection:
             return f"one connection may hold {self.per_connection} pairs at most"
         self.used += 1
@@ -198,16 +210,19 @@ class UpstreamPair:
     def changed(self) -> None:
         self._changed.set()
 
-    async def open(self, upstream: Upstream, within: float) -> Error | None:
-        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most);
-        returns why it failed, None when it is up."""
+    async def open(self, upstream: Lane, within: float) -> Error | None:
+        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most, if
+        the lane waits for it); returns why it failed, None when it is up."""
         try:
             with trio.move_on_after(within) as scope:
                 self._attach(*await upstream.place())
                 await self._until(self._settled)
                 if self.failure is None:
-                    with trio.move_on_after(CREDIT_WAIT):
-                        await self._until(self._has_credit)
+                    at_once = self._has_credit()
+                    if not at_once and upstream.waits_for_credit:
+                        with trio.move_on_after(CREDIT_WAIT):
+                            await self._until(self._has_credit)
+                    upstream.answered(at_once=at_once, credit=self._has_credit())
             if scope.cancelled_caught and self.failure is None:
                 self.fail(Error(DETACH_FORCED, "the next hop did not answer the pair in time"))
         except UpstreamUnavailable:
@@ -325,7 +340,7 @@ class PairRelay:
         if self.ready or self.failure is not None:
             self._answer()
 
-    async def open(self, upstream: Upstream, within: float, release: Callable[[], None]) -> None:
+    async def open(self, upstream: Lane, within: float, release: Callable[[], None]) -> None:
         """Pair upstream, then answer downstream; ``release`` lets the downstream
         connection's input flow again, whatever happened."""
         try:

@@ -33,6 +33,7 @@ from pairlink._gateway.pairs import (
     upstream_ending,
 )
 from pairlink._gateway.relay import Hop
+from pairlink._gateway.upstream import Lane
 from pairlink._io.links import LinkEnd
 from pairlink._rpc.caller import Identity
 from pairlink._rpc.linkpair import PairHalf, paired_properties
@@ -140,7 +141,8 @@ class RoutingRelay:
                 return
             leg = _Leg(route, self, self.snd_settle_mode, lease)
             self.legs[route.public] = leg
-            context.start_soon(self._open_leg, leg)
+            lane = context.upstreams[route.public].lane(self.downstream.conn)
+            context.start_soon(self._open_leg, leg, lane)
         leg.requests.arrive(delivery, payload)
 
     def _unroutable(self, delivery: Delivery, condition: str, why: str) -> None:
@@ -152,9 +154,8 @@ class RoutingRelay:
         else:
             inbound.conn.settle(delivery, Rejected(error=Error(condition, why)))
 
-    async def _open_leg(self, leg: _Leg) -> None:
-        upstream = self.context.upstreams[leg.route.public]
-        failure = await leg.upstream.open(upstream, self.context.attach_timeout)
+    async def _open_leg(self, leg: _Leg, lane: Lane) -> None:
+        failure = await leg.upstream.open(lane, self.context.attach_timeout)
         if self.legs.get(leg.route.public) is not leg:  # the node ended while it opened
             leg.upstream.detach(None)
             return

@@ -1,4 +1,4 @@
-"""A gateway's connections to one next hop, shared by every pair routed there.
+"""A gateway's connections to one next hop: a main one, and each caller's own.
 
 The main connection is kept up by a background task: opened when the gateway starts, reopened
 with capped, jittered backoff whenever it is lost, so a restarted next hop is found again
@@ -6,18 +6,26 @@ without waiting for traffic. While it is down, new pairs fail at once (``Upstrea
 rather than wait: the requester learns in one round trip that the route is broken, and may
 retry.
 
+Pairs do not go on the main connection: each inbound connection (a *caller*) has a
+:class:`Lane` of its own connections to the next hop, opened with its first pair there and
+closed when it leaves. The next hop shares its mailbox, its running slots and its credit
+leases per connection (each connection a caller in turn, a reserve for callers that hold
+nothing); on one shared connection every caller of the gateway was one caller there, and one
+client's hundreds of pairs held the credit another client's call waited for. On lanes, the
+next hop keeps the gateway's callers apart as it keeps its own.
+
 Each pair takes two link handles on a session, and a session has at most handle-max + 1 of them
-(ours and the next hop's, the smaller): :meth:`Upstream.place` puts each new pair on a session
-with room, begins another session when all are full, and opens another connection when the
-channel-max of one allows no more sessions. So the number of pairs is bounded by the gateway's
-``max_pairs`` alone, never by what one session or connection can hold.
+(ours and the next hop's, the smaller): :meth:`Lane.place` puts each new pair on a session
+with room, begins another session when all are full, and opens another connection for the lane
+when the channel-max of one allows no more sessions. So the number of pairs is bounded by the
+gateway's ``max_pairs`` and its shares alone, never by what one session or connection can hold.
 """
 
 from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
@@ -49,7 +57,7 @@ class UpstreamUnavailable(PairlinkError):
 
 class Upstream:
     """The connections to ``route.upstream`` with ``route``'s credentials (routes that share
-    both share them: many pairs on one socket, and more sockets only when one is full)."""
+    both share them): the main one, and a :class:`Lane` per caller with pairs there."""
 
     def __init__(
         self,
@@ -72,44 +80,47 @@ class Upstream:
         self._connect_timeout = connect_timeout
         self._limits = limits  # the next hop is a peer too: held to the same bounds
         self.current: AmqpConnection | None = None
-        self.extra: list[AmqpConnection] = []  # opened when the others were full
-        self.sessions: dict[AmqpConnection, list[Session]] = {}  # the pairs' sessions
+        self.lanes: dict[Hashable, Lane] = {}  # by caller
+        self.sessions: dict[AmqpConnection, list[Session]] = {}  # every connection's sessions
         self.tried = trio.Event()  # the first attempt is over, whatever its result
+        self.grants_on_attach = False  # a pair here had credit with its attach answer
         self._failures = 0
-        self._adding = trio.Lock()  # one extra connection opens at a time
         self._nursery: trio.Nursery | None = None
         self._log = log.bind(upstream=self.where)
 
     @property
     def up(self) -> bool:
-        """The main connection is open: new pairs can go there."""
+        """The main connection is open: the next hop is reachable, new pairs are placed."""
         return self.current is not None and not self.current.closed.is_set()
 
     async def connection(self) -> AmqpConnection:
-        """The live main connection; waits only for the very first attempt to finish."""
+        """The live main connection (else the route is broken: ``UpstreamUnavailable``);
+        waits only for the very first attempt to finish."""
         await self.tried.wait()
         conn = self.current
         if conn is None or conn.closed.is_set():
             raise UpstreamUnavailable("the next hop is unreachable")
         return conn
 
-    async def place(self) -> tuple[AmqpConnection, Session]:
-        """Where the next pair goes: a session with two handles free. Returns with no
-        checkpoint after the choice, so the caller attaches before anyone else looks."""
-        while True:
-            await self.connection()  # the main connection is up, or the route is broken
-            spot = self._room()
-            if spot is not None:
-                return spot
-            async with self._adding:  # every session is full, and no more can begin
-                if self._room() is None:
-                    await self._add_connection()
+    def lane(self, caller: Hashable) -> Lane:
+        """Where ``caller``'s pairs go (a new lane for its first)."""
+        lane = self.lanes.get(caller)
+        if lane is None:
+            lane = self.lanes[caller] = Lane(self, caller)
+        return lane
 
-    def _room(self) -> tuple[AmqpConnection, Session] | None:
-        """A session with room for a pair, beginning one on a connection that allows it."""
-        for conn in (self.current, *self.extra):
-            sessions = None if conn is None else self.sessions.get(conn)
-            if conn is None or sessions is None or conn.closed.is_set():
+    def leave(self, caller: Hashable) -> None:
+        """``caller`` is gone: its lane's connections close (their pairs were its own)."""
+        lane = self.lanes.pop(caller, None)
+        if lane is not None:
+            lane.left.set()
+
+    def room(self, conns: Sequence[AmqpConnection]) -> tuple[AmqpConnection, Session] | None:
+        """A session of ``conns`` with room for a pair, beginning one on a connection that
+        allows it."""
+        for conn in conns:
+            sessions = self.sessions.get(conn)
+            if sessions is None or conn.closed.is_set():
                 continue
             sessions[:] = [s for s in sessions if s.state in _LIVE_SESSION]
             for session in sessions:
@@ -125,36 +136,40 @@ class Upstream:
                 return conn, begun
         return None
 
-    async def _add_connection(self) -> None:
+    async def add_connection(self, lane: Lane) -> None:
+        """One more connection for ``lane``, open when this returns."""
         assert self._nursery is not None
         try:
-            conn: AmqpConnection = await self._nursery.start(self._hold_extra)
+            conn: AmqpConnection = await self._nursery.start(self._hold_lane, lane)
         except _CONNECTION_FAILURES as exc:
-            self._log.warning("upstream.extra_unreachable", error=str(exc))
+            self._log.warning("upstream.lane_unreachable", error=str(exc))
             raise UpstreamUnavailable("the next hop is unreachable") from None
-        self._log.info("upstream.extra_connected", conn=conn.id, extra=len(self.extra))
+        self._log.info("upstream.lane_connected", conn=conn.id, lanes=len(self.lanes))
 
-    async def _hold_extra(self, *, task_status: trio.TaskStatus[AmqpConnection]) -> None:
-        """One more connection, for pairs the others have no room for, until it is lost
-        (not reopened: the next pair that finds no room opens another)."""
+    async def _hold_lane(self, lane: Lane, *, task_status: trio.TaskStatus[AmqpConnection]) -> None:
+        """A connection of ``lane``, until its caller leaves (then closed) or it is lost (not
+        reopened: the caller's next pair that finds no room opens another)."""
         conn: AmqpConnection | None = None
         try:
             async with self._connected() as conn:
-                self.extra.append(conn)
+                lane.conns.append(conn)
                 try:
                     task_status.started(conn)
-                    await conn.closed.wait()
+                    await _either(conn.closed, lane.left)
                 finally:
-                    self.extra.remove(conn)
+                    lane.conns.remove(conn)
         except _CONNECTION_FAILURES as exc:
             if conn is None:
-                raise  # to _add_connection, through nursery.start
-            self._log.warning("upstream.extra_lost", conn=conn.id, error=str(exc))
+                raise  # to add_connection, through nursery.start
+            self._log.warning("upstream.lane_lost", conn=conn.id, error=str(exc))
         else:
-            self._log.info("upstream.extra_lost", conn=conn.id, error=str(conn.error or "closed"))
+            if not lane.left.is_set():
+                error = str(conn.error or "closed")
+                self._log.info("upstream.lane_lost", conn=conn.id, error=error)
 
     async def run(self) -> None:
-        """Keep the main connection up until cancelled (extra ones live in here too)."""
+        """Keep the main connection up until cancelled (the lanes' connections live in here
+        too)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             while True:
@@ -213,6 +228,61 @@ class Upstream:
                     del self.sessions[conn]
         if scope.cancelled_caught:
             raise TimeoutError(f"not connected within {self._connect_timeout} s")
+
+
+class Lane:
+    """The connections that carry one caller's pairs to the next hop: usually one, more only
+    when the next hop's channel-max allows no more sessions on those open."""
+
+    def __init__(self, upstream: Upstream, caller: Hashable) -> None:
+        self.upstream = upstream
+        self.caller = caller
+        self.conns: list[AmqpConnection] = []
+        self.left = trio.Event()  # the caller is gone: the connections close
+        self.starved = False  # its last pair had no credit once answered (see answered)
+        self._adding = trio.Lock()  # one connection opens at a time
+
+    @property
+    def waits_for_credit(self) -> bool:
+        """Whether a pair answered here without credit waits for it (``CREDIT_WAIT``): not
+        once the next hop has shown that it grants with its attach answer (a pairlink service
+        or gateway does: one answered without credit has none coming soon), nor after the
+        caller's last pair got none in that time (its pairs wait for the others' credit)."""
+        return not (self.upstream.grants_on_attach or self.starved)
+
+    def answered(self, *, at_once: bool, credit: bool) -> None:
+        """A pair of the caller was answered, with credit ``at_once`` or none yet, and had
+        ``credit`` when its wait was over."""
+        if at_once:
+            self.upstream.grants_on_attach = True
+        self.starved = not credit
+
+    async def place(self) -> tuple[AmqpConnection, Session]:
+        """Where the caller's next pair goes: a session with two handles free. Returns with
+        no checkpoint after the choice, so the caller attaches before anyone else looks."""
+        upstream = self.upstream
+        while True:
+            await upstream.connection()  # the main connection is up, or the route is broken
+            if self.left.is_set():
+                raise UpstreamUnavailable("the caller has left")
+            spot = upstream.room(self.conns)
+            if spot is not None:
+                return spot
+            async with self._adding:  # every session is full, and no more can begin
+                if upstream.room(self.conns) is None:
+                    await upstream.add_connection(self)
+
+
+async def _either(first: trio.Event, second: trio.Event) -> None:
+    """Wait until ``first`` or ``second`` is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(wait, first)
+        nursery.start_soon(wait, second)
 
 
 def _free_handles(session: Session) -> int:
