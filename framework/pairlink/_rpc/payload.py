@@ -76,10 +76,22 @@ def _too_many(max_elements: int) -> PayloadError:
 _Container = TypeVar("_Container", bound=Sized)
 
 
-def msgpack_loads(data: bytes, max_elements: int) -> Decoded:
-    """Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
+VIEW_FROM = 1 << 14
+"""From this many bytes on, :func:`msgpack_loads` reads a body that ends a message (``start``)
+through a view of the message rather than a slice of it: a slice copies, and a large result's
+body is most of its message (a 60 MiB reply was held three times over: message, body, value).
+Below it the copy costs less than making the view (about 90 ns more; they meet near 16 KiB)."""
+
+
+def msgpack_loads(data: bytes | memoryview, max_elements: int, start: int = 0) -> Decoded:
+    """The msgpack value of ``data`` from ``start`` on: a message's last section, read in place
+    rather than sliced when it is ``VIEW_FROM`` bytes or more.
+
+    Every msgpack value takes a byte, so a body no longer than ``max_elements`` cannot hold
     more: it decodes as is. A longer one counts the items of each array and map as they are
     built (each container no larger than the bound, so none is built past it)."""
+    if start:
+        data = data[start:] if len(data) - start < VIEW_FROM else memoryview(data)[start:]
     counted = len(data) > max_elements
     try:
         if not counted:  # (the usual body; no keyword dict to unpack: it doubles the call)
