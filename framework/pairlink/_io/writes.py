@@ -159,6 +159,7 @@ class Writes:
                         self._sending = 0
                     if self.backlogged:
                         self._check_drained()
+                del data  # sent: not held while the writer waits (a 60 MiB reply was)
                 if done:
                     break  # the engine said everything it will say: the socket can go
             await self._hang_up()

@@ -338,7 +338,7 @@ def read_request(payload: bytes) -> Request | None:
         start = binary_to_end(payload, end + 3)
         if start is None:
             return None
-        value = msgpack_loads(payload[start:], MAX_ELEMENTS)
+        value = msgpack_loads(payload, MAX_ELEMENTS, start)
         args, kwargs = split_arguments(value, Encoding.ENVELOPE)
     except (IndexError, struct.error, PayloadError):
         return None
@@ -448,7 +448,7 @@ def read_reply(payload: bytes) -> tuple[str | int, Decoded] | None:
         body = binary_to_end(payload, end + len(_OK_DATA))
         if body is None:
             return None
-        return correlation_id, msgpack_loads(payload[body:], MAX_ELEMENTS)
+        return correlation_id, msgpack_loads(payload, MAX_ELEMENTS, body)
     except (IndexError, PayloadError):
         return None
 
