@@ -15,6 +15,7 @@ import trio
 
 from pairlink import connect
 from pairlink._client.placement import LOST, READY
+from pairlink._client.replicas import HEALTH_TIMEOUT
 from pairlink.client import Client
 from pairlink.errors import ConnectionLostError
 from tests.gateway.chain import free_port
@@ -101,7 +102,11 @@ def not_ready(client: Client, index: int) -> bool:
 
 
 def all_ready(client: Client) -> bool:
-    return [r.state for r in client.replicas] == [READY] * 3
+    return all_ready_of(client, 3)
+
+
+def all_ready_of(client: Client, count: int) -> bool:
+    return [r.state for r in client.replicas] == [READY] * count
 
 
 @pytest.mark.timeout(120)
@@ -144,7 +149,7 @@ async def test_a_stopped_replica_is_left_once_silent_past_the_idle_timeout(
     urls: list[str], served: list[Served]
 ) -> None:
     async with connect(urls[:2], timeout=30, idle_timeout=2) as client:
-        await wait_for(lambda: [r.state for r in client.replicas] == [READY] * 2)
+        await wait_for(lambda: all_ready_of(client, 2))
         echo = await client.service("echo")
         served[0].process.send_signal(signal.SIGSTOP)  # no heartbeat, no answer
         failed: list[BaseException] = []
@@ -161,3 +166,22 @@ async def test_a_stopped_replica_is_left_once_silent_past_the_idle_timeout(
         assert 0 < len(failed) < 4  # failed once the idle timeout passed, not before
         await wait_for(lambda: client.replicas[0].state == LOST)
         assert [await echo.echo(n) for n in range(10)] == list(range(10))
+
+
+@pytest.mark.timeout(60)
+async def test_a_stopped_replica_gets_no_new_calls_once_its_health_check_goes_unanswered(
+    urls: list[str], served: list[Served]
+) -> None:
+    """With the default idle timeout (60 s), the health check finds a stopped replica first:
+    unanswered for HEALTH_TIMEOUT, it takes no new calls; answering again, it is used again."""
+    async with connect(urls[:2], timeout=30) as client:
+        await wait_for(lambda: all_ready_of(client, 2))
+        echo = await client.service("echo")
+        served[0].process.send_signal(signal.SIGSTOP)
+        try:
+            await wait_for(lambda: client.replicas[0].state == LOST, within=HEALTH_TIMEOUT + 5)
+            assert [await echo.echo(n) for n in range(20)] == list(range(20))
+            assert client.replicas[0].in_flight == 0  # none of them went to the stopped one
+        finally:
+            served[0].process.send_signal(signal.SIGCONT)
+        await wait_for(lambda: all_ready_of(client, 2), within=HEALTH_TIMEOUT + 5)

@@ -60,8 +60,10 @@ HEALTH_INTERVAL = 1.0
 calls a second later at most (most are kept away sooner: the drain takes its credit back at
 once), and a small call a second per replica is nothing beside a call load."""
 HEALTH_TIMEOUT = 5.0
-"""Seconds a health check may take; a replica that does not answer within it keeps its state
-(a stopped one is found by the connection's idle timeout)."""
+"""Seconds a health check may take: a ready replica that does not answer within it (stopped,
+or its loop blocked) is ``lost`` to new calls until it answers again, long before the
+connection's idle timeout (60 s) would find it; its calls in flight wait for that, or for
+their deadlines."""
 RETIRE_POLL = 0.1
 """Seconds between two looks at a retired replica's calls: its connection closes once none is
 in flight."""
@@ -340,9 +342,11 @@ class Replicas:
             except ConnectionLostError:
                 return  # keep() sees it
             except TimeoutError:
-                endpoint.log.info("replica.health_timeout", timeout=HEALTH_TIMEOUT)
-                if endpoint.state == CONNECTING:  # connected: silent health is no verdict
+                endpoint.log.warning("replica.health_timeout", timeout=HEALTH_TIMEOUT)
+                if endpoint.state == CONNECTING:  # just connected: silent health is no verdict
                     self._set_state(endpoint, READY)
+                else:  # it was answering: no new calls until it answers again
+                    self._set_state(endpoint, LOST)
             except PairlinkError as exc:  # refused, 404: nothing to watch there
                 endpoint.log.debug("replica.no_health", error=str(exc))
                 self._set_state(endpoint, READY)
