@@ -43,8 +43,9 @@ the code before a change and after it.
 
 Every phase is bounded (``trio.fail_after``), every child process is killed on the way out
 (and dies with this one), and an attack stops pushing (and reports what it did) once the
-server's RSS passes ``--rss-limit``. The defaults take 2 minutes against a hardened server and
-up to ~5 where calls time out; ``--quick`` takes under a minute.
+server's RSS passes ``--rss-limit``. Issue 9's rows take 2 minutes against a hardened server
+and up to ~5 where calls time out, issue 22's about 4 (100 s of it links-per-process);
+``--quick`` takes about a minute for the first, 90 s for the second.
 
 The package: :mod:`.phases` (the bound of every wait), :mod:`.wire` (the attackers' hand-written
 AMQP peer and the requests they send), :mod:`.children` (server and normal-client processes,

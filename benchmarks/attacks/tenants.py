@@ -7,8 +7,9 @@ are in :mod:`.gateways`).
   id. Does bob read her reply; does her transfer run?
 - ``dedup-memory``: calls to a deduplicating echo with unique 64 KiB message-ids and 256 KiB
   arguments: the server's RSS once they are answered (what the store holds for its window).
-- ``links-per-process``: 30 anonymous connections x 8,000 links (4,000 pairs, no call): the
-  server's RSS, the refusals, and the memory one link costs (KiB, RSS growth over links held).
+- ``links-per-process``: 30 anonymous connections x 8,000 links (4,000 pairs, no call; kept
+  alive by heartbeats): the server's RSS, the refusals, and the memory one link costs (KiB: RSS
+  growth over the links held before any refusal).
 - ``metrics-scrape``: 8 sockets holding half an HTTP request and 3,000 idle ones against
   ``--metrics-listen``: how many of 25 scrapes succeed, 2 s each.
 - ``running-slots``: one connection with 10,000 concurrent ``sleep(30)`` calls to echo
@@ -366,7 +367,7 @@ async def metrics_scrape(ctx: Ctx) -> str:
                 good = status.split(" ")[1:2] == ["200"] and b"pairlink_" in body
                 ok += good
                 if not good:
-                    why[status[:30]] += 1
+                    why[status[:30] or "closed, no answer"] += 1
             except (trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
                 why[type(exc).__name__] += 1
         await ctx.probed()
