@@ -468,6 +468,16 @@ async def _fresh_calls(url: str) -> list[Probe]:
     return probes
 
 
+def _end_workers(supervisor: int, started: set[int]) -> None:
+    """Kill every worker, the supervisor stopped first (SIGSTOP: it restarts none, and the
+    SIGKILL that ends every row still ends it). That SIGKILL alone would leave the workers
+    running: they outlive a killed supervisor whose log pipe is closed."""
+    os.kill(supervisor, signal.SIGSTOP)
+    for pid in started | _workers(supervisor):
+        if rss_mib(pid) is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
 async def worker_stop(ctx: Ctx) -> str:
     server = ctx.server
     assert server is not None
@@ -494,8 +504,7 @@ async def worker_stop(ctx: Ctx) -> str:
         after = await _fresh_calls(ctx.url)
         await ctx.probed()
     finally:
-        if rss_mib(wedged) is not None:
-            os.kill(wedged, signal.SIGKILL)
+        _end_workers(server.proc.pid, workers)
     ctx.normal += during + after
     ctx.details.append(f"worker {wedged} stopped; {WORKER_CALLS} fresh calls: {served(during)}")
     ctx.details.append(
