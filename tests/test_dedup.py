@@ -23,6 +23,7 @@ from pairlink._server.calls import Answer, DedupKey
 from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId
 from pairlink.errors import CallError
 from pairlink.spark import serve_in_thread
+from tests.hostile_services import Bank
 from tests.scraping import scrape
 
 OK = Answer(200, "OK", {"score": 1.0})
@@ -268,23 +269,6 @@ async def test_the_async_proxy_passes_the_message_id_on() -> None:
 # -- callers kept apart (issue 22) -------------------------------------------------------------
 
 USERS = {"alice": "a-secret", "bob": "b-secret"}
-
-
-async def refuse_bob(call: CallContext, proceed: Proceed) -> object:
-    if call.user == "bob":
-        raise CallError(403, "bob may not")
-    return await proceed()
-
-
-@service("bank", dedup_window=60, middleware=[refuse_bob])
-class Bank:
-    def __init__(self) -> None:
-        self.transfers: list[tuple[str, int]] = []
-
-    @handler
-    def transfer(self, to: str, amount: int) -> str:
-        self.transfers.append((to, amount))
-        return f"sent {amount} to {to}"
 
 
 def _as(url: str, user: str) -> str:

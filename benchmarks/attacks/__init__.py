@@ -1,4 +1,4 @@
-"""Issue 9's attacks against a real server, measured: a tool for the closing note, not a test.
+"""Issues 9 and 22: attacks against real servers, measured; a tool for closing notes, not a test.
 
 Each attack runs against a fresh server process on 127.0.0.1 (``python -m pairlink serve``, or
 for the password attack a small server of this script with users), and sends only there. Per
@@ -31,15 +31,29 @@ is under way, and the table says what it sees.
 - ``wrong-passwords``: 100 wrong-password logins one after another from 127.0.0.1, timed,
   while a right login from 127.0.0.2 is timed every 0.5 s (the "normal client" of this row).
 
+Issue 22's rows, several parties sharing one server or gateway, are in :mod:`.tenants`
+(``dedup-cross-caller``, ``dedup-memory``, ``links-per-process``, ``metrics-scrape``,
+``running-slots``, ``connect-deadline``, ``worker-stop``) and :mod:`.gateways`
+(``gateway-no-route``, ``health-route``, ``gateway-pairs``); the servers ``pairlink serve``
+cannot start for them are in :mod:`.hosts`. The ``frames-<kind>`` rows (:mod:`.frames`) send
+bursts of one frame kind and print the server's CPU time per byte sent against a heartbeat's.
+
+``--code DIR`` runs the servers (and connect-deadline's client) from another pairlink checkout,
+``DIR/framework`` first on their PYTHONPATH, the attackers staying ours: the same rows against
+the code before a change and after it.
+
 Every phase is bounded (``trio.fail_after``), every child process is killed on the way out
 (and dies with this one), and an attack stops pushing (and reports what it did) once the
-server's RSS passes ``--rss-limit``. The defaults take 2 minutes against a hardened server and
-up to ~5 where calls time out; ``--quick`` takes under a minute.
+server's RSS passes ``--rss-limit``. Issue 9's rows take 2 minutes against a hardened server
+and up to ~5 where calls time out, issue 22's about 4 (100 s of it links-per-process);
+``--quick`` takes about a minute for the first, 90 s for the second.
 
 The package: :mod:`.phases` (the bound of every wait), :mod:`.wire` (the attackers' hand-written
 AMQP peer and the requests they send), :mod:`.children` (server and normal-client processes,
-RSS), :mod:`.attacks` (the seven attacks and how hard they push), ``__main__`` (the driver and the
-table).
+RSS), :mod:`.attacks` (the attacks, how hard they push, and every row's server),
+:mod:`.tenants`, :mod:`.gateways` and :mod:`.hosts` (issue 22's), ``__main__`` (the driver and
+the table).
 
-Run: ``python -m benchmarks.attacks [--quick] [--seconds N] [--attack NAME[,NAME...]]``
+Run: ``python -m benchmarks.attacks [--quick] [--seconds N] [--attack NAME[,NAME...]]
+[--code DIR]``
 """

@@ -68,15 +68,17 @@ class RssWatch:
             await trio.sleep(RSS_PERIOD)
 
 
-async def run_attack(name: str, plan: Plan) -> Row:
+async def run_attack(name: str, plan: Plan, code: str | None = None) -> Row:
     attack, row = ATTACKS[name], Row(name)
     print(f"{name}: running", file=sys.stderr, flush=True)
     try:
         with phase(f"{name} (all of it)", attack.budget(plan)), lone_errors_unwrapped():
-            async with child(f"{name} server", *attack.server, nofile=plan.server_nofile) as server:
+            async with child(
+                f"{name} server", *attack.server, nofile=plan.server_nofile, code=code
+            ) as server:
                 await server.wait_for(lambda: server.url is not None, START_TIMEOUT, "listening")
                 assert server.url is not None
-                ctx = Ctx(server.url, plan)
+                ctx = Ctx(server.url, plan, server=server)
                 async with normal_client(attack.probe, server.url) as prober:
                     ctx.prober = prober
                     row.rss_before = rss_mib(server.proc.pid)
@@ -140,7 +142,7 @@ def print_table(rows: list[Row], plan: Plan, elapsed: float) -> None:
 
     print()
     print(
-        f"issue 9 attacks against fresh servers on 127.0.0.1 (server file limit "
+        f"attacks against fresh servers on 127.0.0.1 (server file limit "
         f"{plan.server_nofile}; {elapsed:.0f} s in all)"
     )
     print(line(head))
@@ -167,7 +169,7 @@ def print_table(rows: list[Row], plan: Plan, elapsed: float) -> None:
     )
 
 
-async def run_all(names: list[str], plan: Plan) -> list[Row]:
+async def run_all(names: list[str], plan: Plan, code: str | None = None) -> list[Row]:
     rows: list[Row] = []
     # lone_errors_unwrapped: a Ctrl-C comes out as itself, and run_main says "interrupted"
     with (
@@ -183,7 +185,7 @@ async def run_all(names: list[str], plan: Plan) -> list[Row]:
 
             nursery.start_soon(stop_on_signal)
             for name in names:
-                rows.append(await run_attack(name, plan))
+                rows.append(await run_attack(name, plan, code))
             nursery.cancel_scope.cancel()
     return rows
 
@@ -205,6 +207,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=RSS_LIMIT,
         help="server RSS in MiB past which an attack stops pushing (4096)",
+    )
+    parser.add_argument(
+        "--code",
+        metavar="DIR",
+        help="run the servers (and connect-deadline's client) from the pairlink checkout DIR "
+        "(DIR/framework first on their PYTHONPATH): the 'before' of a before/after table",
     )
     parser.add_argument("--child", choices=("probe", "serve-users"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -235,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         plan.seconds = args.seconds
     plan.rss_limit = args.rss_limit
     started = time.monotonic()
-    rows = trio.run(run_all, args.attacks, plan)
+    rows = trio.run(run_all, args.attacks, plan, args.code)
     print_table(rows, plan, time.monotonic() - started)
     return 1 if any(row.failed for row in rows) or len(rows) < len(args.attacks) else 0
 

@@ -1,4 +1,5 @@
-"""The six attacks, how hard they push (:class:`Plan`), and the servers they attack."""
+"""The attacks, how hard they push (:class:`Plan`), and the servers they attack."""
+attack (:data:`ATTACKS`)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from contextlib import AsyncExitStack
 import attrs
 import trio
 
-from benchmarks.attacks import frames
+from benchmarks.attacks import frames, gateways, tenants
 from benchmarks.attacks.children import (
     LISTEN,
     PASSWORD,
     PROBE_TIMEOUT,
     USER,
+    Child,
     Probe,
     Prober,
 )
@@ -45,6 +47,8 @@ from pairlink._rpc import wire as rpc_wire
 
 SERVE = ("pairlink", "serve", "--listen", LISTEN)
 """``python -m pairlink serve ... --listen amqp://127.0.0.1:0``: the server of most attacks."""
+HOST = ("benchmarks.attacks.hosts",)
+"""``python -m benchmarks.attacks.hosts NAME``: the servers ``pairlink serve`` cannot start."""
 SERVER_NOFILE = 1024
 """Open-file limit of every server process: the common default, so that the silent
 connections can exhaust it as in the issue (1,050 idle connections locked every client out)."""
@@ -103,6 +107,7 @@ class Plan:
     logins: int = 100
     rss_limit: float = RSS_LIMIT
     server_nofile: int = SERVER_NOFILE
+    tenants: tenants.Sizes = attrs.field(factory=tenants.Sizes)  # issue 22's rows
 
 
 QUICK = Plan(
@@ -115,8 +120,9 @@ QUICK = Plan(
     hoard=8.0,
     silent_wait=12.0,
     logins=20,
+    tenants=tenants.QUICK_SIZES,
 )
-"""``--quick``: about a minute in all."""
+"""``--quick``: about a minute for issue 9's rows, 90 s for issue 22's."""
 
 
 @attrs.define(eq=False)
@@ -126,6 +132,7 @@ class Ctx:
     url: str
     plan: Plan
     prober: Prober | None = None
+    server: Child | None = None  # the process attacked
     normal: list[Probe] = attrs.field(factory=list)  # the attack's own normal client, if any
     details: list[str] = attrs.field(factory=list)
     over_limit: bool = False  # the server's RSS passed the limit: the pushing stopped
@@ -627,4 +634,48 @@ ATTACKS = {
         )
         for kind in frames.KINDS
     },
+    # issue 22: several parties, one process (tenants.py; their servers: hosts.py)
+    "dedup-cross-caller": Attack(
+        tenants.dedup_cross_caller, (*HOST, "bank"), None, lambda plan: 60
+    ),
+    "dedup-memory": Attack(
+        tenants.dedup_memory,
+        (*SERVE, "services.echo", "benchmarks.attacks.hosts:Keep"),
+        "persistent",
+        lambda plan: STEP_TIMEOUT * 4 + 90,
+    ),
+    "gateway-no-route": Attack(
+        gateways.gateway_no_route, (*HOST, "gateway"), None, lambda plan: STEP_TIMEOUT * 4 + 90
+    ),
+    "links-per-process": Attack(
+        tenants.links_per_process,
+        (*SERVE, "services.echo"),
+        "fresh",
+        lambda plan: STEP_TIMEOUT * 6 + 90,
+    ),
+    "metrics-scrape": Attack(
+        tenants.metrics_scrape,
+        (*SERVE, "--metrics-listen", "127.0.0.1:0", "services.echo"),
+        None,
+        lambda plan: STEP_TIMEOUT * 2 + 90,
+    ),
+    "running-slots": Attack(
+        tenants.running_slots,
+        (*SERVE, "services.echo"),
+        "persistent",
+        lambda plan: plan.tenants.slow_hold + 90,
+    ),
+    "connect-deadline": Attack(
+        tenants.connect_deadline, (*HOST, "connect-deadline"), None, lambda plan: 180
+    ),
+    "worker-stop": Attack(
+        tenants.worker_stop, (*SERVE, "--workers", "2", "services.echo"), None, lambda plan: 90
+    ),
+    "health-route": Attack(gateways.health_route, (*HOST, "gateway"), None, lambda plan: 60),
+    "gateway-pairs": Attack(
+        gateways.gateway_pairs,
+        (*HOST, "gateway"),
+        None,
+        lambda plan: plan.tenants.gateway_hold + 90,
+    ),
 }

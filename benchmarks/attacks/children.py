@@ -39,7 +39,10 @@ USER, PASSWORD = "alice", "right-password"
 INTERESTING_INFO = re.compile(r"timeout|refus|limit|login|throttl|crash|paus|too")
 """Info-level server log events worth counting beside every warning and error."""
 LOG_LINE = re.compile(r"\[(\w+)\s*\]\s+(\S+)")
-URL_IN_LOG = re.compile(r"url=(amqps?://\S+)")
+URL_IN_LOG = re.compile(r"url=((?:amqps?|http)://\S+)")
+SERVING = ("server.listening", "gateway.listening")
+"""The log events whose URL is where a child serves AMQP (the first one: each worker of a
+``--workers`` serve logs its own)."""
 
 
 def rss_mib(pid: int) -> float | None:
@@ -81,7 +84,8 @@ class Child:
     messages: list[dict[str, Any]] = attrs.field(factory=list)
     tail: deque[str] = attrs.field(factory=lambda: deque(maxlen=30))
     events: Counter[str] = attrs.field(factory=Counter)
-    url: str | None = None
+    url: str | None = None  # where it first said it listens (a server's or gateway's AMQP URL)
+    listening: dict[str, str] = attrs.field(factory=dict)  # the URL of each "*.listening" event
     stdout_closed: trio.Event = attrs.field(factory=trio.Event)
     exited: trio.Event = attrs.field(factory=trio.Event)
     _news: trio.Event = attrs.field(factory=trio.Event)
@@ -118,8 +122,10 @@ class Child:
             level, event = match.groups()
             if level in ("warning", "error", "critical") or INTERESTING_INFO.search(event):
                 self.events[f"{event} ({level})"] += 1
-            if event == "server.listening" and (url := URL_IN_LOG.search(line)):
-                self.url = url.group(1)
+            if event.endswith(".listening") and (url := URL_IN_LOG.search(line)):
+                self.listening.setdefault(event, url.group(1))
+                if self.url is None and event in SERVING:
+                    self.url = url.group(1)
         elif line.startswith("Traceback"):
             self.events["Traceback"] += 1
 
@@ -152,16 +158,24 @@ class Child:
             self._notify()
 
 
-def spawn(argv: tuple[str, ...], nofile: int | None) -> subprocess.Popen[bytes]:
-    """``python -m argv...`` in its own session (a Ctrl-C reaches only us), dying with us.
+def spawn(
+    argv: tuple[str, ...], nofile: int | None, code: str | None = None
+) -> subprocess.Popen[bytes]:
+    """``python -m argv...`` in its own session (a Ctrl-C reaches only us), dying with us;
+    ``code``: a pairlink checkout whose ``framework/`` comes first on its PYTHONPATH (the
+    benchmarks, services and tests still ours).
     Forked from the driver's own thread on purpose, not from a worker thread as
     ``trio.lowlevel.open_process`` does: the death signal fires when the forking thread ends."""
     setup: Callable[[], None] = functools.partial(_child_setup, None)
     if nofile is not None:
         setup = functools.partial(_server_setup, nofile)
+    env = None
+    if code is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join((f"{code}/framework", str(ROOT)))}
     return subprocess.Popen(
         [sys.executable, "-m", *argv],
         cwd=ROOT,
+        env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -171,9 +185,11 @@ def spawn(argv: tuple[str, ...], nofile: int | None) -> subprocess.Popen[bytes]:
 
 
 @asynccontextmanager
-async def child(name: str, *argv: str, nofile: int | None = None) -> AsyncIterator[Child]:
+async def child(
+    name: str, *argv: str, nofile: int | None = None, code: str | None = None
+) -> AsyncIterator[Child]:
     """A process started by :func:`spawn`, killed when the block ends."""
-    proc = spawn(argv, nofile)
+    proc = spawn(argv, nofile, code)
     running = Child(name, proc, os.pidfd_open(proc.pid))
     try:
         async with trio.open_nursery() as nursery:

@@ -40,6 +40,7 @@ from pairlink._amqp.performatives import (
     End,
     Flow,
 )
+from pairlink._amqp.sasl import SaslClient
 from pairlink._io.net import AmqpUrl
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class CountingWire(Wire):
     request links and answers the server's drains on them (a fair service drains a link's
     credit when others wait, and revokes it from a link that does not answer)."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        super().__init__(stream)
+    def __init__(self, stream: trio.SocketStream, sasl: SaslClient | None = None) -> None:
+        super().__init__(stream, sasl)
         self.session_flows = 0  # flows without a handle: answers to our echo
         self.detaches = 0
         self.credit: dict[str, tuple[int, int]] = {}  # request link: the server's last
@@ -176,7 +177,7 @@ async def measure(ctx: Ctx, setup: Setup) -> tuple[float, int]:
     """Server CPU seconds per byte over bursts of one kind for the row's time; frames sent."""
     pid = listening_pid(ctx.url)
     seconds = ctx.plan.seconds * BURST_SHARE
-    async with wire_to(ctx.url, CountingWire) as wire, wire.reading():
+    async with wire_to(ctx.url, kind=CountingWire) as wire, wire.reading():
         assert isinstance(wire, CountingWire)
         wire.begin(0)
         await wire.flush()

@@ -105,6 +105,7 @@ class Wire:
         self.links: dict[tuple[int, str, bool], LinkSeen] = {}  # (channel, name, server role)
         self.dispositions: list[Disposition] = []
         self.ends: list[End] = []
+        self.ended_sessions: dict[int, End] = {}  # by our channel: the sessions the server ended
         self.close: Close | None = None
         self.sasl: SaslOutcome | None = None
         self.eof = False
@@ -151,9 +152,9 @@ class Wire:
             ),
         )
 
-    def pair(self, channel: int, name: str, address: str, handle: int, credit: int) -> None:
-        """Both halves of a pair to ``address`` (handles ``handle`` and ``handle + 1``) and
-        ``credit`` for replies, in LP-10 order."""
+    def pair(self, channel: int, name: str, address: str | None, handle: int, credit: int) -> None:
+        """Both halves of a pair to ``address`` (None: a gateway's routing node; handles
+        ``handle`` and ``handle + 1``) and ``credit`` for replies, in LP-10 order."""
         for offset, role in enumerate((ROLE_SENDER, ROLE_RECEIVER)):
             here, there = Source(address="attacker"), Target(address=address)
             if role is ROLE_RECEIVER:
@@ -315,18 +316,22 @@ class Wire:
                     detached.detach = perf
             case End() as perf:
                 self.ends.append(perf)
+                self.ended_sessions[channel] = perf
             case Close() as perf:
                 self.close = perf
 
 
 @asynccontextmanager
-async def wire_to(url: str, kind: type[Wire] = Wire) -> AsyncIterator[Wire]:
-    """A :class:`Wire` (or a ``kind`` of it) connected to ``url``, the server's open read."""
+async def wire_to(
+    url: str, sasl: SaslClient | None = None, kind: type[Wire] = Wire
+) -> AsyncIterator[Wire]:
+    """A :class:`Wire` (or a ``kind`` of it) connected to ``url`` (as ``sasl``'s user, else
+    anonymous), the server's open read."""
     parsed = AmqpUrl.parse(url)
     with phase("connect", STEP_TIMEOUT):
         stream = await trio.open_tcp_stream(parsed.host, parsed.port)
     async with stream:
-        wire = kind(stream)
+        wire = kind(stream, sasl)
         await wire.handshake_step("SASL outcome", lambda: wire.sasl is not None)
         wire.open()
         await wire.handshake_step("open", lambda: wire.server_open is not None)
