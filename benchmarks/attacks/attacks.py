@@ -1,5 +1,5 @@
-"""The attacks, how hard they push (:class:`Plan`), and the servers they attack."""
-attack (:data:`ATTACKS`)."""
+"""The attacks (issues 9 and 22), how hard every attack pushes (:class:`Plan`), and the servers
+they all attack (:data:`ATTACKS`)."""
 
 from __future__ import annotations
 
