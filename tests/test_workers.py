@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -335,3 +337,36 @@ async def test_listeners_that_reuse_the_port_share_it() -> None:
             with trio.fail_after(10):
                 conn = await trio.open_tcp_stream("127.0.0.1", first.port)
             await conn.aclose()  # accepted by one of the two
+
+
+def test_workers_stop_when_their_supervisor_is_killed_and_nobody_reads_their_log(
+    workdir: Path,
+) -> None:
+    """The supervisor's stderr, which the workers share, is closed by its reader, then the
+    supervisor is killed: the workers' log line about it fails (a broken pipe), and they stop
+    all the same."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pairlink", "serve", "--listen", "amqp://127.0.0.1:0",
+         "--workers", "2", "whomod:Who"],
+        stderr=subprocess.PIPE, text=True, cwd=workdir,
+    )  # fmt: skip
+    assert process.stderr is not None
+    lines: list[str] = []
+    pids: set[int] = set()
+    try:
+        while not any("serve.listening" in line for line in lines):
+            line = process.stderr.readline()
+            assert line, lines
+            lines.append(line)
+        pids = set(_serving(lines).values())
+        assert len(pids) == 2
+        process.stderr.close()
+        process.kill()
+        process.wait(10)
+        _wait_gone(pids)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -362,5 +362,7 @@ def _stop_when_closed(lifeline: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while lifeline.recv(64):
             pass
-    log.warning("worker.orphaned", pid=os.getpid())
-    os.kill(os.getpid(), signal.SIGTERM)
+    try:
+        log.warning("worker.orphaned", pid=os.getpid())
+    finally:  # the log's stream may have gone with the supervisor (a broken pipe): stop anyway
+        os.kill(os.getpid(), signal.SIGTERM)
