@@ -43,13 +43,15 @@ TIMEOUT = 2.0
 class RawClient:
     """One connection to a server, driven by the test; ``frames`` holds what the server said."""
 
-    def __init__(self, stream: trio.abc.Stream, *, desired: tuple[str, ...]) -> None:
+    def __init__(
+        self, stream: trio.abc.Stream, *, desired: tuple[str, ...], sasl: SaslClient | None = None
+    ) -> None:
         self.stream = stream
         self.engine = Connection(
             ConnectionConfig(
                 "raw-client",
                 hostname="127.0.0.1",
-                sasl=SaslClient.anonymous(),
+                sasl=SaslClient.anonymous() if sasl is None else sasl,
                 desired_capabilities=desired,
             ),
             initiator=True,
@@ -261,12 +263,13 @@ async def wait_for(condition: Callable[[], bool], within: float = TIMEOUT) -> No
 
 @asynccontextmanager
 async def raw_client(
-    url: str, *, desired: tuple[str, ...] = (LINK_PAIR_V1_0,)
+    url: str, *, desired: tuple[str, ...] = (LINK_PAIR_V1_0,), sasl: SaslClient | None = None
 ) -> AsyncIterator[RawClient]:
-    """A :class:`RawClient` connected to ``url`` (``amqp://host:port``), opened."""
+    """A :class:`RawClient` connected to ``url`` (``amqp://host:port``), opened (logged in
+    with ``sasl``, else anonymous)."""
     host, port = url.rsplit("//", 1)[1].rsplit(":", 1)
     stream = await trio.open_tcp_stream(host, int(port))
     async with stream:
-        client = RawClient(stream, desired=desired)
+        client = RawClient(stream, desired=desired, sasl=sasl)
         await client.opened()
         yield client

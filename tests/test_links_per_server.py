@@ -1,19 +1,27 @@
 """Links per server are bounded (issue 22): ``Limits.max_links_total`` counts the links of
 every connection together, so many connections of a few thousand links each cannot add up
 past it; a link past it is refused with ``amqp:resource-limit-exceeded``, and the links of a
-connection that ends count no more.
+connection that ends count no more. Inside it, one user holds half at most, and the last
+``max_links_total // RESERVE_DIVISOR`` are kept for connections holding few links, so one party
+cannot lock the others out.
 
 Bare engines over real TCP against a real server.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
 from pairlink import Limits, handler, open_server, service
 from pairlink._amqp.errors import RESOURCE_LIMIT_EXCEEDED
 from pairlink._amqp.performatives import Attach, Detach
-from tests.service_peers import raw_client, wait_for
+from pairlink._amqp.sasl import SaslClient
+from pairlink._server.link_budget import FEW_LINKS, RESERVE_DIVISOR
+from pairlink._server.serving import Server
+from tests.service_peers import RawClient, raw_client, wait_for
 
-TOTAL = 6  # three pairs
+USERS = {name: f"{name}-pw" for name in ("alice", "bob", "carol")}
 
 
 @service("work")
@@ -23,36 +31,83 @@ class Work:
         return "pong"
 
 
+@asynccontextmanager
+async def served(total: int) -> AsyncIterator[Server]:
+    limits = Limits(max_links_total=total)
+    async with open_server(Work, listen="amqp://127.0.0.1:0", limits=limits, users=USERS) as s:
+        yield s
+
+
+def as_user(server: Server, name: str) -> AbstractAsyncContextManager[RawClient]:
+    return raw_client(server.url, sasl=SaslClient.plain(name, USERS[name]))
+
+
+async def pairs(client: RawClient, *names: str) -> None:
+    for name in names:
+        sender, _ = client.pair("work", name)
+        await client.wait_attached(sender)
+    assert not [d for d in client.of(Detach) if d.error is not None]
+
+
+async def refused(client: RawClient, name: str) -> str:
+    """Pair ``name``, expecting both halves refused (null terminus, never created): the
+    refusal's description."""
+    before = len(client.of(Detach))
+    client.pair("work", name)
+    await client.read_until(lambda: len(client.of(Detach)) == before + 2)
+    detaches = client.of(Detach)[before:]
+    assert all(d.closed and d.error is not None for d in detaches)
+    assert {d.error.condition for d in detaches if d.error} == {RESOURCE_LIMIT_EXCEEDED}
+    answers = [a for a in client.of(Attach) if a.name == name]
+    assert answers and all((a.target if a.role else a.source) is None for a in answers)
+    (why,) = {d.error.description for d in detaches if d.error}
+    assert isinstance(why, str)
+    return why
+
+
 async def test_links_past_the_servers_total_are_refused_whatever_connection_they_come_on() -> None:
-    limits = Limits(max_links_total=TOTAL)
-    async with open_server(Work, listen="amqp://127.0.0.1:0", limits=limits) as server:
+    async with served(8) as server:
         links = server.container.links
-        async with raw_client(server.url) as first:
-            async with raw_client(server.url) as second:
-                for name in ("a", "b"):
-                    sender, _ = first.pair("work", name)
-                    await first.wait_attached(sender)
-                sender, _ = second.pair("work", "c")
-                await second.wait_attached(sender)
-                assert links.used == TOTAL
-                second.pair("work", "d")  # one pair too many
-                await second.read_until(lambda: len(second.of(Detach)) == 2)
-                refused = second.of(Detach)
-                assert all(d.closed for d in refused)
-                assert {d.error.condition for d in refused if d.error} == {RESOURCE_LIMIT_EXCEEDED}
-                assert all(
-                    "more than 6 links on this server" in (d.error.description or "")
-                    for d in refused
-                    if d.error
-                )
-                answers = [a for a in second.of(Attach) if a.name == "d"]
-                assert answers and all(
-                    (a.target if a.role else a.source) is None for a in answers
-                )  # null terminus: never created
-                assert links.used == TOTAL
-            # the second connection is gone: its links count no more, new ones are taken
-            await wait_for(lambda: links.used == TOTAL - 2)
-            sender, _ = first.pair("work", "e")
-            await first.wait_attached(sender)
-            assert not [d for d in first.of(Detach) if d.error is not None]
-            assert links.used == TOTAL
+        async with as_user(server, "alice") as alice:
+            await pairs(alice, "a", "b")
+            async with as_user(server, "bob") as bob:
+                await pairs(bob, "c", "d")
+                assert links.used == 8
+                assert await refused(bob, "e") == "more than 8 links on this server"
+                assert links.used == 8
+            # bob's connection is gone: its links count no more, new ones are taken
+            await wait_for(lambda: links.used == 4)
+            async with as_user(server, "carol") as carol:
+                await pairs(carol, "f")
+                assert links.used == 6
+
+
+async def test_one_user_holds_half_of_the_servers_links_at_most() -> None:
+    async with served(8) as server, as_user(server, "alice") as alice:
+        await pairs(alice, "a", "b")
+        why = await refused(alice, "c")
+        assert why == "'alice' hold 4 links, their share of this server's 8"
+        async with as_user(server, "alice") as again:  # another connection: the same user
+            assert await refused(again, "d") == why
+        async with as_user(server, "bob") as bob:
+            await pairs(bob, "e")
+
+
+async def test_the_last_links_are_kept_for_connections_holding_few() -> None:
+    total = 64
+    reserve = total // RESERVE_DIVISOR
+    async with served(total) as server:
+        links = server.container.links
+        async with as_user(server, "alice") as alice, as_user(server, "bob") as bob:
+            await pairs(alice, *(f"a{i}" for i in range(15)))
+            await pairs(bob, *(f"b{i}" for i in range(16)))
+            assert links.used == total - reserve  # each far past FEW_LINKS, under its share
+            assert len(alice.of(Attach)) >= FEW_LINKS  # the server answered each link
+            why = await refused(alice, "a-more")
+            assert why == (
+                f"this server's links are taken but for the last {reserve}, kept for "
+                f"connections holding fewer than {FEW_LINKS}"
+            )
+            async with as_user(server, "carol") as carol:  # a new caller still pairs
+                await pairs(carol, "c0")
+                assert links.used == total

@@ -19,9 +19,9 @@ from pairlink._io.net import EngineLimits
 from pairlink._io.writes import MAX_OUTGOING_BYTES
 
 MAX_LINKS_TOTAL = 65_536
-"""Links a server holds at once across all its connections (each costs about 2 KiB, so about
-128 MiB at most): past it, a new link is refused with ``amqp:resource-limit-exceeded``, however
-many connections the links come on."""
+"""Links a server holds at once across all its connections (each costs about 3 KiB, so about
+190 MiB at most): past it, a new link is refused with ``amqp:resource-limit-exceeded``, however
+many connections the links come on (shared as :mod:`pairlink._server.link_budget` says)."""
 DRAIN_TIMEOUT = 5.0
 """Seconds a request link has to answer a drain (send what it can, give the rest of its credit
 back) before the service takes the credit back itself: the link is detached with

@@ -87,6 +87,7 @@ from pairlink._rpc.linkpair import (
 from pairlink._rpc.wire import ME
 from pairlink._server.actor import Actor
 from pairlink._server.calls import Origin
+from pairlink._server.link_budget import LinkBudget
 from pairlink._telemetry.logs import get_logger
 from pairlink.errors import PairlinkError
 
@@ -289,14 +290,6 @@ ServedLink = RequestLink | ReplyLink
 
 
 @attrs.define(eq=False)
-class LinkBudget:
-    """The links a server holds across all its connections, and how many it may."""
-
-    limit: int
-    used: int = 0
-
-
-@attrs.define(eq=False)
 class Peer:
     """What the container knows about one connection: its links by (name, our role), for
     the pairing rules, and its reply routes by address, for LP-8; each link counted in the
@@ -308,7 +301,7 @@ class Peer:
     routes: dict[str, ReplyLink] = attrs.field(factory=dict)
 
     def add(self, endpoint: ServedLink) -> None:
-        self.budget.used += 1
+        self.budget.take(self.conn.sasl_identity)
         self.halves[(endpoint.link.name, endpoint.link.role)] = endpoint
         if isinstance(endpoint, ReplyLink) and endpoint.to not in (None, ME):
             assert endpoint.to is not None
@@ -318,7 +311,7 @@ class Peer:
         key = (endpoint.link.name, endpoint.link.role)
         if self.halves.get(key) is endpoint:
             del self.halves[key]
-            self.budget.used -= 1
+            self.budget.give_back(self.conn.sasl_identity)
         if isinstance(endpoint, ReplyLink):
             if endpoint.to is not None and self.routes.get(endpoint.to) is endpoint:
                 del self.routes[endpoint.to]
@@ -357,8 +350,8 @@ class Container:
         remote = link.remote_attach
         assert remote is not None
         half = PairHalf.of(remote)
-        if self.links.used >= self.links.limit:
-            why = f"more than {self.links.limit} links on this server"
+        why = self.links.refusal(peer.conn.sasl_identity, len(peer.halves))
+        if why is not None:
             refusal = Refusal(RESOURCE_LIMIT_EXCEEDED, why, null_terminus=True)
             self._refuse(peer, link, half, refusal)
             return
