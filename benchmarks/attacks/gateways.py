@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 PAIRS_PER_CONNECTION = 4_000
 """Pairs gateway-no-route opens on one connection: 8,000 links, under the 8,192 an engine
 takes on one connection (``max_links``)."""
+PAIRS_PER_SESSION = 500
+"""Pairs gateway-pairs opens on one session: 1,000 links, under a session's handle-max
+(1,023)."""
 THROUGH_EVERY = 0.25
 """Seconds between two calls of the gateway rows' normal client (a fresh connection each)."""
 
@@ -117,22 +120,28 @@ async def gateway_pairs(ctx: Ctx) -> str:
 async def _pairs_answered(
     wire: Wire, count: int, answered_at: dict[int, float], started: float, hold: float
 ) -> Opened:
-    """Like :func:`open_pairs` on one session, noting when each pair's attach came back."""
-    wire.begin(0)
+    """Like :func:`open_pairs`, noting when each pair's attach came back: pairs of
+    ``PAIRS_PER_SESSION`` per session, within the server's handle-max."""
+
+    def channel(k: int) -> int:
+        return k // PAIRS_PER_SESSION
+
+    for c in range(channel(count - 1) + 1):
+        wire.begin(c)
     for k in range(count):
-        wire.pair(0, f"p-{k}", hosts.ROUTE, 2 * k, 0)
+        wire.pair(channel(k), f"p-{k}", hosts.ROUTE, 2 * (k % PAIRS_PER_SESSION), 0)
     await wire.flush()
 
     def note() -> bool:
         for k in range(count):
-            if k not in answered_at and wire.seen(0, f"p-{k}", ROLE_RECEIVER):
+            if k not in answered_at and wire.seen(channel(k), f"p-{k}", ROLE_RECEIVER):
                 answered_at[k] = trio.current_time() - started
         return len(answered_at) == count or wire.ended
 
     await wire.wait_until(note, hold)
     opened = Opened(unanswered=count - len(answered_at))
     for k in answered_at:
-        link = wire.seen(0, f"p-{k}", ROLE_RECEIVER)
+        link = wire.seen(channel(k), f"p-{k}", ROLE_RECEIVER)
         if link is not None and link.detach is not None:
             opened.refused[condition(link.detach.error)] += 1
         else:
