@@ -83,14 +83,25 @@ async def test_links_past_the_servers_total_are_refused_whatever_connection_they
 
 
 async def test_one_user_holds_half_of_the_servers_links_at_most() -> None:
-    async with served(8) as server, as_user(server, "alice") as alice:
-        await pairs(alice, "a", "b")
-        why = await refused(alice, "c")
-        assert why == "'alice' hold 4 links, their share of this server's 8"
-        async with as_user(server, "alice") as again:  # another connection: the same user
-            assert await refused(again, "d") == why
+    """Connections of many links are held to their user's share; one of a few links (a
+    client's pairs) is not."""
+    total = 128
+    share = total // 2
+    per = FEW_LINKS // 2  # pairs: FEW_LINKS links, a connection of many
+    async with (
+        served(total) as server,
+        as_user(server, "alice") as first,
+        as_user(server, "alice") as second,  # the same user on another connection
+    ):
+        await pairs(first, *(f"a{i}" for i in range(2 * per)))
+        await pairs(second, *(f"b{i}" for i in range(2 * per)))
+        assert server.container.links.by_user["alice"] == share
+        why = await refused(second, "b-more")
+        assert why == f"'alice' hold {share} links, their share of this server's {total}"
+        async with as_user(server, "alice") as few:
+            await pairs(few, "c")  # a client's pair is not a swarm
         async with as_user(server, "bob") as bob:
-            await pairs(bob, "e")
+            await pairs(bob, *(f"d{i}" for i in range(per + 1)))
 
 
 async def test_the_last_links_are_kept_for_connections_holding_few() -> None:

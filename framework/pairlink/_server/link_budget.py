@@ -1,13 +1,18 @@
 """The links a server holds across all its connections, and how they are shared.
 
 ``max_links_total`` bounds them all (a link costs about 3 KiB: issue 22 measured 2.9 KiB over
-64,000). So that one party cannot take them all and lock everyone else out, two shares hold
-inside it, as the gateway's pair shares do:
+64,000). So that one party cannot take them all and lock everyone else out, a connection
+holding :data:`FEW_LINKS` links or more (a swarm, not a client's pairs to a few services) gets
+more only while
 
-* one SASL user (all anonymous peers together count as one) holds half of them at most;
-* the last ``limit // RESERVE_DIVISOR`` are kept for connections holding fewer than
-  :data:`FEW_LINKS` links, so that a new caller's pair still finds room while connections of
-  thousands of links each fill the rest.
+* its SASL user (all anonymous peers together count as one) holds less than half of them, and
+* the last ``limit // RESERVE_DIVISOR`` are free: they are kept for connections holding fewer,
+  so that a new caller's pair still finds room while connections of thousands of links fill
+  the rest.
+
+A connection holding fewer is refused only at the limit itself, which such connections cannot
+reach alone: ``max_connections`` (3/4 of the open-file limit) times :data:`FEW_LINKS` is far
+below it.
 
 A link past any of them is refused with ``amqp:resource-limit-exceeded`` and a description
 that says which bound it met.
@@ -37,7 +42,7 @@ class LinkBudget:
 
     @property
     def share(self) -> int:
-        """The most links one user holds: half of the limit."""
+        """The most links one user's connections of many links hold: half of the limit."""
         return max(1, self.limit // 2)
 
     @property
@@ -49,10 +54,12 @@ class LinkBudget:
         (None: it is taken)."""
         if self.used >= self.limit:
             return f"more than {self.limit} links on this server"
+        if held < FEW_LINKS:
+            return None
         if self.by_user[user] >= self.share:
             who = "anonymous peers" if user is None else repr(user)
             return f"{who} hold {self.share} links, their share of this server's {self.limit}"
-        if held >= FEW_LINKS and self.used >= self.limit - self.reserve:
+        if self.used >= self.limit - self.reserve:
             return (
                 f"this server's links are taken but for the last {self.reserve}, kept for "
                 f"connections holding fewer than {FEW_LINKS}"
