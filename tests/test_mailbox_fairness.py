@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -333,15 +334,24 @@ async def test_lp10_pipelined_first_call_without_room_is_detached_with_transfer_
         assert wire.parse_reply(await newcomer.wait_reply(mid)) == "pong"
 
 
+@asynccontextmanager
+async def two_callers(
+    gate: Gate, mailbox: int, max_concurrency: int
+) -> AsyncIterator[tuple[Server, RawClient, RawClient]]:
+    """``gate`` served with its own mailbox and workers, and two callers connected to it."""
+    box = hosted(gate, mailbox=mailbox, max_concurrency=max_concurrency)
+    async with (
+        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
+        raw_client(server.url) as first,
+        raw_client(server.url) as second,
+    ):
+        yield server, first, second
+
+
 async def test_queued_calls_are_taken_callers_in_turn(gate: Gate) -> None:
     """One worker, a mailbox of 8: a caller's queued backlog delays another caller's call by one
     turn, not by the backlog."""
-    box = hosted(gate, mailbox=8, max_concurrency=1)
-    async with (
-        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
-        raw_client(server.url) as busy,
-        raw_client(server.url) as other,
-    ):
+    async with two_callers(gate, 8, 1) as (server, busy, other):
         actor = server.actors["gate"]
         sender, _ = busy.pair("gate", "busy")
         await busy.read_until(lambda: sender.link_credit == 8)
@@ -370,12 +380,7 @@ async def test_idle_credit_at_its_share_is_drained_for_a_caller_holding_nothing(
     """A mailbox of one and two callers: each share is the one slot. The caller holding it as
     credit and sending nothing is asked to drain, so the other's call is not kept out for as
     long as that link stays quiet."""
-    box = hosted(gate, mailbox=1, max_concurrency=1)
-    async with (
-        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
-        raw_client(server.url) as idle,
-        raw_client(server.url) as other,
-    ):
+    async with two_callers(gate, 1, 1) as (_, idle, other):
         quiet, _ = idle.pair("gate", "quiet")
         await idle.read_until(lambda: quiet.link_credit == 1)
         late, _ = other.pair("gate", "late")
@@ -394,12 +399,7 @@ async def test_a_freed_slot_goes_to_the_caller_that_waited_not_back_to_its_holde
 ) -> None:
     """A mailbox of one: ``busy`` holds the slot with a call and wants credit for its next;
     ``late`` comes after and waits. When the call ends, the slot is ``late``'s turn."""
-    box = hosted(gate, mailbox=1, max_concurrency=1)
-    async with (
-        open_server(box, listen="amqp://127.0.0.1:0", grace=0.5) as server,
-        raw_client(server.url) as busy,
-        raw_client(server.url) as other,
-    ):
+    async with two_callers(gate, 1, 1) as (server, busy, other):
         actor = server.actors["gate"]
         sender, _ = busy.pair("gate", "busy")
         await busy.read_until(lambda: sender.link_credit == 1)
