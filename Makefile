@@ -105,6 +105,7 @@ bench: venv
 	$(PY) -m benchmarks.workers
 	$(PY) -m benchmarks.spark
 	$(PY) -m benchmarks.attacks
+	$(PY) -m benchmarks.replicas
 	$(PY) -m benchmarks.replica_model
 
 # Coverage-guided fuzzing (fuzz/README.md), not part of `make test`: FUZZ_SECONDS split between

@@ -68,14 +68,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def served(workers: int) -> Iterator[tuple[int, list[int]]]:
-    """``pairlink serve services.echo --workers N``, until the block ends (then SIGTERM):
-    its port and the pids that serve (the workers', or the process's own)."""
+def served(
+    workers: int, module: str = "services.echo", env: dict[str, str] | None = None
+) -> Iterator[tuple[int, list[int]]]:
+    """``pairlink serve <module> --workers N`` (``env``: more environment variables), until
+    the block ends (then SIGTERM): its port and the pids that serve (the workers', or the
+    process's own)."""
     log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
-    argv = ["serve", "services.echo", "--listen", "amqp://127.0.0.1:0", "--workers", str(workers)]
+    argv = ["serve", module, "--listen", "amqp://127.0.0.1:0", "--workers", str(workers)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "pairlink", *argv, "--log-level", "info"],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=log,
         start_new_session=True,
@@ -215,20 +219,34 @@ def _cpu_seconds() -> float:
 # Driver
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds of each setting (5)")
+def round_options(description: str, rounds: int) -> argparse.ArgumentParser:
+    """A parser with the options of a benchmark in rounds of a set duration: ``--rounds``
+    (``rounds``), ``--duration``, ``--warmup`` and ``--quick`` (see :func:`parsed`)."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
+    parser.add_argument(
+        "--rounds", type=int, default=rounds, help=f"rounds of each setting ({rounds})"
+    )
     parser.add_argument("--duration", type=float, default=3.0, help="measured window, s (3)")
     parser.add_argument("--warmup", type=float, default=0.5, help="pipelined warm-up, s (0.5)")
-    parser.add_argument("--clients", type=int, default=2, help="client processes (2)")
-    parser.add_argument("--connections", type=int, default=4, help="connections each (4)")
-    parser.add_argument("--inflight", type=int, default=100, help="calls in flight each (100)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 short round")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; ``--quick`` makes them one round of 1 s after 0.2 s of warm-up."""
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 1.0, 0.2
     return args
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = round_options(__doc__, rounds=5)
+    parser.add_argument("--clients", type=int, default=2, help="client processes (2)")
+    parser.add_argument("--connections", type=int, default=4, help="connections each (4)")
+    parser.add_argument("--inflight", type=int, default=100, help="calls in flight each (100)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    return parsed(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

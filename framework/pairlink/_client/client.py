@@ -208,7 +208,8 @@ class Client:
         with trio.move_on_after(self.connect_timeout) as scope:
             amqp: AmqpConnection = await self._nursery.start(self._hold, url, connector)
         if scope.cancelled_caught:
-            raise TimeoutError(f"{url}: not connected within {self.connect_timeout:g} s")
+            shown = net.redacted(url)
+            raise TimeoutError(f"{shown}: not connected within {self.connect_timeout:g} s")
         offered = amqp.remote_offered_capabilities
         paired = offers_pairing(offered)
         encoding = wire.peer_encoding(offered)
@@ -270,7 +271,7 @@ class Client:
                     self._next_attempt = trio.current_time() + delay
                     log.warning(
                         "client.reconnect_failed",
-                        url=self.url,
+                        url=net.redacted(self.url),
                         attempt=self._failures,
                         retry_in=round(delay, 3),
                         error=repr(exc),

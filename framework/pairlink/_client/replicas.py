@@ -126,7 +126,8 @@ class Endpoint:
         self.failures = 0
         self.error: BaseException | None = None  # the last failure to connect
         self.retired = False  # its address is no longer among the name's
-        self.log = log.bind(replica=url if address is None else f"{url} ({address})")
+        shown = net.redacted(url)
+        self.log = log.bind(replica=shown if address is None else f"{shown} ({address})")
 
     def pairs(self) -> list[CallPair]:
         return _pairs(self.conn)
@@ -261,7 +262,7 @@ class Replicas:
                 self._add(Endpoint(url, None))
                 continue
             if not addresses:
-                raise OSError(f"{url}: the host name resolves to no address")
+                raise OSError(f"{net.redacted(url)}: the host name resolves to no address")
             for address in addresses:
                 self._add(Endpoint(url, address))
         if any(not _literal(AmqpUrl.parse(url).host) for url in self.urls):
@@ -379,7 +380,7 @@ class Replicas:
                 try:
                     addresses = await resolve(url)
                 except OSError as exc:
-                    log.warning("replica.resolve_failed", url=url, error=str(exc))
+                    log.warning("replica.resolve_failed", url=net.redacted(url), error=str(exc))
                     continue
                 if not addresses:  # a literal, or an empty answer: nothing to go by
                     continue
@@ -388,7 +389,7 @@ class Replicas:
                 }
                 for address in addresses:
                     if address not in known:
-                        log.info("replica.added", url=url, address=address)
+                        log.info("replica.added", url=net.redacted(url), address=address)
                         self._add(Endpoint(url, address))
                 for gone, endpoint in known.items():
                     if gone not in addresses:

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TypedDict, Unpack
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import attrs
 import trio
@@ -70,6 +70,20 @@ class AmqpUrl:
             unquote(parts.username) if parts.username else None,
             unquote(parts.password) if parts.password else None,
         )
+
+
+HIDDEN = "***"
+"""What a URL's password is shown as, in errors and logs."""
+
+
+def redacted(url: str) -> str:
+    """``url`` as errors and logs show it: its password, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:{HIDDEN}@{host}"))
 
 
 @asynccontextmanager

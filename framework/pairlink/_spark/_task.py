@@ -1,4 +1,4 @@
-"""The worker side of a fan-out: one Spark task's rows as pipelined calls on one connection.
+"""The worker side of a fan-out: one Spark task's rows as pipelined calls on one client.
 
 Spark hands a task's rows to a plain generator (``mapInArrow`` and ``mapPartitions`` both take
 an iterator and want one back), and the generator must yield its results from the thread that
@@ -13,6 +13,9 @@ The client is made here, inside the task, never shipped from the driver: Python 
 and a connection belongs to one process. A lost connection is re-established with backoff (the
 client's ``reconnect``) and each unanswered call is sent again with the same message-id, so a
 deduplicating service answers a call that did run from its store instead of running it twice.
+Given several replicas, the one client holds a connection to each and places every call on the
+ready one with the most free credit; a call lost with its replica is sent again, with its id,
+to a replica that is ready (README, "Replicas: one client, several service processes").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pairlink._client.client import Client, connect
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._io.threads import start_trio_thread
 from pairlink._spark._reporter import Counts, report
+from pairlink._spark._urls import described, scrubbed
 from pairlink._telemetry.logs import get_logger
 from pairlink.errors import ConnectionLostError, RemoteError
 
@@ -46,7 +50,8 @@ a chunk boundary, few enough that a task's memory stays a few chunks."""
 class Plan:
     """Everything a task needs to make its calls; pickled into the Spark closure."""
 
-    url: str
+    url: str | tuple[str, ...]
+    """One URL, or the replicas' (``connect`` takes either)."""
     address: str
     operation: str
     in_flight: int
@@ -114,9 +119,11 @@ class _Calls(Generic[P]):
                 except (OSError, TimeoutError) as exc:
                     if connected:
                         raise
+                    where = described(plan.url)
+                    why = scrubbed(str(exc), plan.url)
                     raise ConnectionLostError(
-                        f"cannot reach the service {plan.address!r} at {plan.url}: {exc}"
-                    ) from exc
+                        f"cannot reach the service {plan.address!r} at {where}: {why}"
+                    ) from None  # its message may hold a password: redacted above
         if self.failure is not None:
             raise self.failure
 
@@ -193,7 +200,8 @@ class _Calls(Generic[P]):
             except ConnectionLostError as exc:
                 if trio.current_time() >= deadline:
                     raise
-                log.info("spark.resend", message_id=message_id, error=str(exc))
+                error = scrubbed(str(exc), plan.url)
+                log.info("spark.resend", message_id=message_id, error=error)
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:

@@ -19,6 +19,7 @@ import attrs
 
 from pairlink._spark._results import Column, result_arrays
 from pairlink._spark._task import Chunk, OnError, Plan, message_ids, run_task
+from pairlink._spark._urls import endpoints
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -62,10 +63,10 @@ def local_session(
 
 
 def _checked(
-    url: str, in_flight: int, timeout: float, on_error: str, connect_timeout: float
-) -> None:
-    if not url.startswith(("amqp://", "amqps://")):
-        raise ValueError(f"url must be amqp://host:port or amqps://..., not {url!r}")
+    url: str | Sequence[str], in_flight: int, timeout: float, on_error: str, connect_timeout: float
+) -> str | tuple[str, ...]:
+    """The endpoints, once every argument is checked."""
+    urls = endpoints(url)
     if not isinstance(in_flight, int) or in_flight < 1:
         raise ValueError("in_flight must be an int >= 1")
     for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
@@ -73,12 +74,13 @@ def _checked(
             raise ValueError(f"{name} must be a finite number of seconds > 0")
     if on_error not in ("raise", "column"):
         raise ValueError(f'on_error must be "raise" or "column", not {on_error!r}')
+    return urls
 
 
 def call_service(
     df: DataFrame,
     *,
-    url: str,
+    url: str | Sequence[str],
     address: str,
     operation: str,
     args: Sequence[str],
@@ -94,7 +96,11 @@ def call_service(
     """``df`` with the reply to one call per row as new columns (lazy, like any transformation).
 
     Each row calls ``operation`` of the service at ``address`` with the values of the ``args``
-    columns as positional arguments. The reply fills the ``result_schema`` columns (a DDL
+    columns as positional arguments. ``url``: ``amqp[s]://[user:password@]host[:port]``, or
+    the service's replicas: a list of such URLs, or one whose host name resolves to several
+    addresses; each task then keeps a connection to every replica and sends each call to the
+    ready one with the most free credit (as ``pairlink.connect`` does). Errors and logs show
+    URLs without their password. The reply fills the ``result_schema`` columns (a DDL
     string such as ``"score double, label string"`` or a ``StructType``): a dict gives them by
     name, a list or tuple by position, and a plain value the single column of a one-column
     schema (a None reply: nulls). Values convert only when nothing is lost: 2.0 fills an int
@@ -106,7 +112,8 @@ def call_service(
 
     ``key``: a column whose value identifies the row; the call's message-id is then
     ``<run_id>:<key>``, the same when Spark retries the task, so a service with
-    ``dedup_window`` runs each key's handler once. ``run_id`` (default: a new id per
+    ``dedup_window`` runs each key's handler once (in each replica's process: README, "Exactly
+    once across replicas"). ``run_id`` (default: a new id per
     ``call_service`` call) scopes the keys: retries and recomputations of this DataFrame share
     it, another ``call_service`` does not. Without ``key`` every task attempt numbers its
     calls afresh (resends after a lost connection still reuse their ids).
@@ -122,7 +129,7 @@ def call_service(
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
-    _checked(url, in_flight, timeout, on_error, connect_timeout)
+    urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
     result = _result_struct(df, result_schema)
     columns = set(df.columns)
     missing = [c for c in [*args, *([key] if key else [])] if c not in columns]
@@ -136,7 +143,7 @@ def call_service(
     fields += [StructField(f.name, f.dataType, nullable=True) for f in result.fields]
     if on_error == "column":
         fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
-    plan = _plan(url, address, operation, in_flight, timeout, on_error, run_id, progress)
+    plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
     plan = attrs.evolve(plan, connect_timeout=connect_timeout)
     spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
     return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
@@ -145,7 +152,7 @@ def call_service(
 def call_partitions(
     rdd: RDD[_Row],
     *,
-    url: str,
+    url: str | Sequence[str],
     address: str,
     operation: str,
     args: Callable[[_Row], Sequence[object]] | None = None,
@@ -162,8 +169,8 @@ def call_partitions(
     positional arguments (default: the row itself if it is a tuple or list, else the row as
     the one argument); ``key(row)`` the row's stable key. Other parameters as for
     ``call_service``."""
-    _checked(url, in_flight, timeout, on_error, connect_timeout)
-    plan = _plan(url, address, operation, in_flight, timeout, on_error, run_id, progress)
+    urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
+    plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
     plan = attrs.evolve(plan, connect_timeout=connect_timeout)
     task = functools.partial(_map_rows, plan, args, key)
     return rdd.mapPartitions(task, preservesPartitioning=True)
@@ -173,7 +180,7 @@ def call_partitions(
 
 
 def _plan(
-    url: str,
+    url: str | tuple[str, ...],
     address: str,
     operation: str,
     in_flight: int,
