@@ -160,6 +160,23 @@ async def test_a_silent_peer_fails_within_the_timeout() -> None:
     assert 1 <= elapsed < 4  # the timeout, plus starting Python
 
 
+async def test_a_silent_peers_timeout_does_not_show_the_password() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), silent, 0
+        )
+        port = listeners[0].socket.getsockname()[1]
+        with pytest.raises(TimeoutError) as caught:
+            await check_health(f"amqp://ops:s3cret@127.0.0.1:{port}", timeout=0.3)
+        nursery.cancel_scope.cancel()
+    assert (
+        str(caught.value) == f"no health answer from amqp://ops:***@127.0.0.1:{port} within 0.3 s"
+    )
+
+
 async def test_no_service_may_take_the_health_address() -> None:
     with pytest.raises(ValueError, match=r"\$health"):
         async with open_server(hosted(Slow, address=HEALTH), listen="amqp://127.0.0.1:0"):

@@ -26,6 +26,7 @@ from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client import client as aio
 from pairlink._client.options import CallOptions, ConnectOptions
 from pairlink._client.reply import Reply
+from pairlink._io.net import redacted
 from pairlink._io.threads import TrioThread, start_trio_thread
 from pairlink._rpc.payload import Encoding
 from pairlink._telemetry.logs import get_logger
@@ -120,7 +121,7 @@ class Client:
         except Exception as exc:
             if not started:
                 raise  # to the constructor (or the first call after a fork)
-            log.warning("blocking.close_failed", url=self.url, error=repr(exc))
+            log.warning("blocking.close_failed", url=redacted(self.url), error=repr(exc))
         finally:
             stopped.set()
 
@@ -260,7 +261,7 @@ class ServiceProxy:
         return functools.partial(self.call, operation)
 
     def __repr__(self) -> str:
-        return f"<blocking ServiceProxy {self.address!r} on {self.client.url}>"
+        return f"<blocking ServiceProxy {self.address!r} on {redacted(self.client.url)}>"
 
 
 def connect(url: str | Sequence[str], **options: Unpack[ConnectOptions]) -> Client:

@@ -13,6 +13,7 @@ from pairlink._client.status import CHECK as CHECK
 from pairlink._client.status import DRAINING as DRAINING
 from pairlink._client.status import HEALTH as HEALTH
 from pairlink._client.status import SERVING as SERVING
+from pairlink._io.net import redacted
 from pairlink.errors import PairlinkError
 
 
@@ -34,8 +35,10 @@ async def check_health(
         async with connect(url, timeout=timeout, connect_timeout=timeout, **options) as client:
             reply = await client.call(HEALTH, CHECK, service)
     if scope.cancelled_caught:
-        raise TimeoutError(f"no health answer from {url} within {timeout:g} s")
+        raise TimeoutError(f"no health answer from {redacted(url)} within {timeout:g} s")
     status = reply.get("status") if isinstance(reply, dict) else None
     if not isinstance(status, str):
-        raise PairlinkError(f"{url} answered the health check with {reply!r}, not a status")
+        raise PairlinkError(
+            f"{redacted(url)} answered the health check with {reply!r}, not a status"
+        )
     return status
