@@ -196,3 +196,24 @@ async def test_pairs_on_a_replica_of_several_workers_spread_over_its_workers(
     # the other 20 on 20 lanes to one port: each worker has some (all on one: 2**-19)
     per_worker = [answered[pid] for pid in pids.values()]
     assert sum(per_worker) == 20 and min(per_worker) > 0, per_worker
+
+
+async def test_a_gateway_behind_a_route_is_not_left_for_a_stopped_service_behind_it() -> None:
+    """The next hop is a gateway, which passes on the "shutting down" detach of the service
+    behind it: that service comes back, and the route through both gateways serves again."""
+    async with replicas(Who("a")) as servers:
+        inner = GatewayConfig(
+            listen="amqp://127.0.0.1:0", routes=(Route(WHO, servers[0].url, WHO),)
+        )
+        async with open_gateway(inner) as second:
+            outer = GatewayConfig(
+                listen="amqp://127.0.0.1:0", routes=(Route(WHO, second.url, WHO),)
+            )
+            async with open_gateway(outer) as first, connect(first.url, timeout=WITHIN) as client:
+                assert await client.call(WHO, "name_of") == "a"
+                servers[0].stop()
+                await wait_for(lambda: states(second) != [READY], WITHIN)
+                async with open_server(Who("a again"), listen=servers[0].url):
+                    await wait_for(lambda: states(second) == [READY], WITHIN)
+                    assert states(first) == [READY]
+                    assert await client.call(WHO, "name_of") == "a again"

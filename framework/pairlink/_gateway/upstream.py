@@ -115,8 +115,10 @@ class Upstream:
             self.tried.set()
 
     def stopping(self) -> None:
-        """It detached a pair because it stops: no new pairs, until it is back."""
-        if self.state == READY:
+        """It detached a pair because it stops: no new pairs, until it is back (its
+        ``$health`` says so). Only where the health is watched: a gateway passes on the
+        detach of a service behind it, and is not stopping for that."""
+        if self.watched and self.state == READY:
             self.set_state(DRAINING)
 
     def rank(self) -> int:
