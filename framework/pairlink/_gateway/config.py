@@ -40,7 +40,7 @@ class Route:
 
     ``public``: the address peers attach to here. ``upstream``: the next hop's
     ``amqp[s]://host[:port]`` (no credentials in it), or several of them: replicas of one
-    next hop, each new pair placed on one of them (:mod:`pairlink._gateway.replicas`); read
+    next hop, each new pair placed on a ready one (README, "Replicas behind a route"); read
     as a tuple either way. ``address``: the address at the next
     hop (the public one at the next gateway, or the service's internal one). ``user`` and
     ``password``: SASL PLAIN credentials for the upstream (none: ANONYMOUS). ``allow``: the
