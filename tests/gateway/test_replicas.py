@@ -6,6 +6,7 @@ and the route's ``$health`` says ``serving`` while any replica is, with each one
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 
@@ -217,3 +218,27 @@ async def test_a_gateway_behind_a_route_is_not_left_for_a_stopped_service_behind
                     await wait_for(lambda: states(second) == [READY], WITHIN)
                     assert states(first) == [READY]
                     assert await client.call(WHO, "name_of") == "a again"
+
+
+async def test_a_replica_that_never_finishes_its_handshake_holds_no_pair_of_the_others() -> None:
+    """At start, a replica that accepts the connection and says nothing (its connect waits for
+    ``attach_timeout``): the first pairs go to the one that answered, without waiting."""
+    accepted = trio.Event()
+
+    async def silent(stream: trio.SocketStream) -> None:
+        accepted.set()
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        (listener,) = await nursery.start(
+            functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
+        )
+        mute = f"amqp://127.0.0.1:{listener.socket.getsockname()[1]}"
+        async with replicas(Who("b")) as servers:
+            route = Route(WHO, [mute, servers[0].url], WHO)
+            config = GatewayConfig(listen="amqp://127.0.0.1:0", routes=(route,))
+            async with open_gateway(config) as gateway, callers(gateway, 2) as clients:
+                with trio.fail_after(config.attach_timeout / 2):
+                    assert await names_of(clients) == ["b", "b"]
+                assert accepted.is_set() and states(gateway) == ["connecting", READY]
+        nursery.cancel_scope.cancel()

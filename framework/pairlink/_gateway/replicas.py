@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
+import trio
+
 from pairlink._client.placement import ReplicaState, Rotation
 from pairlink._gateway.upstream import Lane, Upstream, UpstreamUnavailable
 
@@ -30,6 +32,13 @@ class RouteReplicas:
     def __init__(self, upstreams: Sequence[Upstream]) -> None:
         self.upstreams = list(upstreams)
         self._rotation = Rotation()
+        self._changed = trio.Event()
+        for upstream in self.upstreams:
+            upstream.on_state.append(self._state_changed)
+
+    def _state_changed(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
 
     @property
     def up(self) -> bool:
@@ -46,10 +55,11 @@ class RouteReplicas:
         return [upstream.state for upstream in self.upstreams]
 
     async def lane(self, caller: Hashable) -> Lane:
-        """``caller``'s lane to the replica its next pair goes to, once every replica has
-        been tried; ``UpstreamUnavailable`` if none is ready."""
-        for upstream in self.upstreams:
-            await upstream.tried.wait()
+        """``caller``'s lane to the replica its next pair goes to, once one is ready (at
+        start: or once every replica has been tried, so that one slow to answer does not hold
+        the others' pairs); ``UpstreamUnavailable`` if none is ready."""
+        while not self.serving and not all(u.tried.is_set() for u in self.upstreams):
+            await self._changed.wait()
         ready = [upstream for upstream in self.upstreams if upstream.ready]
         chosen = self._rotation.pick(ready, Upstream.rank)
         if chosen is None:

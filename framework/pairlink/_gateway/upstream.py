@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
@@ -91,6 +91,7 @@ class Upstream:
         self.tried = trio.Event()  # the first attempt is over, whatever its result
         self.state: ReplicaState = CONNECTING  # by its main connection and its $health
         self.watched = False  # a replica among others: its $health is asked
+        self.on_state: list[Callable[[], None]] = []  # told of each state it reports
         self.grants_on_attach = False  # a pair here had credit with its attach answer
         self._failures = 0
         self._nursery: trio.Nursery | None = None
@@ -113,6 +114,8 @@ class Upstream:
             self.state = state
         if state != CONNECTING:
             self.tried.set()
+        for tell in self.on_state:
+            tell()
 
     def stopping(self) -> None:
         """It detached a pair because it stops: no new pairs, until it is back (its
