@@ -94,9 +94,10 @@ async def test_a_stopped_replica_gets_no_new_pairs_and_is_used_again_once_back()
                 assert await names_of(newcomers) == ["a again"] * 3
 
 
-@service(WHO)
+@service(WHO, max_concurrency=1, mailbox=1)
 class Held:
-    """A replica whose calls wait for :attr:`gate`: it drains for as long as the test likes."""
+    """A replica whose calls wait for :attr:`gate`: it drains for as long as the test likes,
+    and has room for one call (credit for no other while it holds it)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -134,6 +135,25 @@ async def test_a_draining_replica_gets_no_new_pairs_and_finishes_its_calls() -> 
                 assert await names_of(clients) == ["b"] * 3
             held.gate.set()
         assert answers == ["a"]
+
+
+async def test_a_full_replica_gets_no_new_pair_while_another_has_room() -> None:
+    held = Held("a")
+    async with (
+        open_server(held, listen="amqp://127.0.0.1:0") as full,
+        replicas(Who("b")) as others,
+        gateway_over([full, *others]) as gateway,
+        callers(gateway, 3) as (first, *rest),
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(first.call, WHO, "name_of")  # its pair goes to "a", and waits
+        await wait_for(lambda: held.started == 1)
+        # "a" has one pair, without credit, "b" none, then one with credit: fewest pairs
+        # alone would give the third pair to "a" in turn (which refuses it: LP-10)
+        assert await names_of(rest) == ["b", "b"]
+        assert full.listener is not None
+        assert len(full.listener.handlers) == 2  # the gateway's main one, the first's lane
+        held.gate.set()
 
 
 async def test_route_health_is_serving_while_any_replica_is() -> None:

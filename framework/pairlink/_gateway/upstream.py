@@ -126,18 +126,20 @@ class Upstream:
 
     def rank(self) -> int:
         """What replicas are ranked by for a new pair (:func:`pairlink._client.placement.room`):
-        the free credit of its pairs (one for none yet: a new pair may bring its first call,
-        LP-10), and how many pairs it carries."""
-        pairs = credit = 0
+        whether one of its pairs has credit left (or it has none yet: a new pair may bring its
+        first call, LP-10), then how many pairs it carries. Read per session, not per link:
+        each new pair of a route asks it of every replica."""
+        handles = 0
+        credit = False
         for conn, sessions in self.sessions.items():
             if conn is self.current:  # the main connection: its $health pair only
                 continue
             for session in sessions:
-                for link in session.links.values():
-                    if link.is_sender:
-                        pairs += 1
-                        credit += link.usable_credit
-        return room(credit if pairs else 1, pairs)
+                handles += len(session.links)
+                credit = credit or any(
+                    link.is_sender and link.usable_credit > 0 for link in session.links.values()
+                )
+        return room(1 if credit or not handles else 0, handles // PAIR_HANDLES)
 
     async def connection(self) -> AmqpConnection:
         """The live main connection (else the route is broken: ``UpstreamUnavailable``);
