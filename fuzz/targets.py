@@ -618,7 +618,7 @@ def run_gateway(data: bytes) -> bytes:
 async def _upstream_up(gateway: Gateway) -> None:
     """Wait until the gateway's connection to the container is up, so that its handshake (real
     TCP) is over before the peer's first timer could make the clock jump past it."""
-    upstream = gateway.upstreams[SERVICE]
+    (upstream,) = gateway.upstreams[SERVICE].upstreams
     while True:
         try:
             await upstream.connection()

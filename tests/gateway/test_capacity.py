@@ -138,7 +138,7 @@ def of(frames: list[tuple[int, Any]], kind: type) -> list[tuple[int, Any]]:
 
 def upstream_links(gateway: Gateway) -> int:
     """Links open on the gateway's upstream sessions, over every next hop."""
-    upstreams = set(gateway.upstreams.values())
+    upstreams = {u for replicas in gateway.upstreams.values() for u in replicas.upstreams}
     return sum(len(s.links) for u in upstreams for ss in u.sessions.values() for s in ss)
 
 

@@ -517,6 +517,47 @@ REFUSALS = [
         id="ca-for-amqp-upstream",
     ),
     pytest.param(
+        replace('upstream = "amqp://127.0.0.1:25672"', "upstream = []"),
+        12,
+        "route[1].upstream",
+        "an empty array: name at least one next hop",
+        id="upstream-empty-array",
+    ),
+    pytest.param(
+        replace('upstream = "amqp://127.0.0.1:25672"', 'upstream = ["amqp://a", 5672]'),
+        12,
+        "route[1].upstream",
+        "expected URLs (strings), got an integer 5672",
+        id="upstream-array-not-urls",
+    ),
+    pytest.param(
+        replace('upstream = "amqp://127.0.0.1:25672"', 'upstream = ["amqp://a", "amqp://a"]'),
+        12,
+        "route[1].upstream",
+        "'amqp://a' is named twice",
+        id="upstream-named-twice",
+    ),
+    pytest.param(
+        replace(
+            'upstream = "amqp://127.0.0.1:25672"',
+            'upstream = [\n    "amqp://a",\n    "http://b",\n]',
+        ),
+        12,  # an array's items are on their key's line (or near it)
+        "route[1].upstream[2]",
+        "'http://b' is not an amqp:// or amqps:// URL",
+        id="upstream-replica-not-amqp",
+    ),
+    pytest.param(
+        replace(
+            'upstream = "amqps://gw.org-o.example"',
+            'upstream = ["amqps://gw.org-o.example", "amqp://b"]\nca = "ca.pem"',
+        ),
+        21,
+        "route[2].ca",
+        "only for an amqps:// upstream",
+        id="ca-for-an-amqp-replica",
+    ),
+    pytest.param(
         replace('address = "audit.internal"', 'address = "audit.internal"\nca = "no-such-ca.pem"'),
         22,
         "route[2].ca",
@@ -531,6 +572,15 @@ def test_refusal_names_file_line_and_key(text: str, line: int, key: str, problem
     message = refusal(text)
     assert message.startswith(f"gn.toml:{line}: {key}: "), message
     assert problem in message
+
+
+def test_upstream_may_name_several_replicas() -> None:
+    text = MINIMAL.replace('upstream = "amqp://h"', 'upstream = ["amqp://h:1", "amqp://h:2"]')
+    (route,) = parse(text).routes
+    assert route.upstream == ("amqp://h:1", "amqp://h:2")
+    (one,) = parse(MINIMAL).routes
+    assert one.upstream == ("amqp://h",)
+    assert Route("a", "amqp://h", "b") == one  # one URL is a tuple of one in code too
 
 
 def test_an_empty_password_is_refused() -> None:

@@ -44,7 +44,7 @@ def _config(
 
 
 async def _connected(gateway: Gateway) -> None:
-    upstream = gateway.upstreams[PUBLIC]
+    (upstream,) = gateway.upstreams[PUBLIC].upstreams
     await upstream.tried.wait()
     assert upstream.up
 

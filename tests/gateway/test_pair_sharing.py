@@ -140,6 +140,6 @@ async def test_a_callers_upstream_connections_close_when_it_leaves() -> None:
             assert len(lanes) == clients
             await wait_until(lambda lanes=lanes: all(c.ended.is_set() for c in lanes))
             assert not main.ended.is_set()
-        for upstream in (gn.upstreams[PUBLIC], go.upstreams[PUBLIC]):
+        for upstream in (gn.upstreams[PUBLIC].upstreams[0], go.upstreams[PUBLIC].upstreams[0]):
             assert not upstream.lanes
             assert list(upstream.sessions) == [upstream.current]

@@ -8,7 +8,7 @@ passwords come from the environment variables the file names (``password_env``).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Literal, TypedDict
 
@@ -29,12 +29,19 @@ state), so the default holds pairs to about 130 MiB; past it a new pair is refus
 ``amqp:resource-limit-exceeded``."""
 
 
+def _urls(value: str | Sequence[str]) -> tuple[str, ...]:
+    """One URL, or several (replicas), as a tuple."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @attrs.frozen
 class Route:
     """One public address of this gateway and where its paired links go next (LP-11).
 
     ``public``: the address peers attach to here. ``upstream``: the next hop's
-    ``amqp[s]://host[:port]`` (no credentials in it). ``address``: the address at the next
+    ``amqp[s]://host[:port]`` (no credentials in it), or several of them: replicas of one
+    next hop, each new pair placed on a ready one (README, "Replicas behind a route"); read
+    as a tuple either way. ``address``: the address at the next
     hop (the public one at the next gateway, or the service's internal one). ``user`` and
     ``password``: SASL PLAIN credentials for the upstream (none: ANONYMOUS). ``allow``: the
     inbound users that may attach this route (None: every peer that passed SASL). ``ca``: a
@@ -42,7 +49,7 @@ class Route:
     """
 
     public: str
-    upstream: str
+    upstream: tuple[str, ...] = attrs.field(converter=_urls)
     address: str
     user: str | None = None
     password: str | None = None
@@ -242,7 +249,7 @@ class _Reader(TomlReader):
                 if other.public == public:
                     where = dotted(("route", earlier))
                     self.fail((*here, "public"), f"{public!r} is already the public of {where}")
-            upstream = self.url(self.required(route, here, "upstream"), (*here, "upstream"))
+            upstream = self.upstreams(route, here)
             user = self.optional(route, here, "user")
             password = None
             if user is not None:
@@ -254,12 +261,30 @@ class _Reader(TomlReader):
                 allow = frozenset(self.allow(route["allow"], (*here, "allow"), users))
             ca = self.optional(route, here, "ca")
             if ca is not None:
-                if not upstream.startswith("amqps:"):
+                if not all(url.startswith("amqps:") for url in upstream):
                     self.fail((*here, "ca"), "only for an amqps:// upstream")
                 ca = self.ca_file(ca, (*here, "ca"))
             address = self.required(route, here, "address")
             routes.append(Route(public, upstream, address, user, password, allow, ca))
         return tuple(routes)
+
+    def upstreams(self, route: Table, here: KeyPath) -> tuple[str, ...]:
+        """A route's ``upstream``: one URL, or a non-empty array of distinct URLs (its
+        replicas)."""
+        path: KeyPath = (*here, "upstream")
+        value = route.get("upstream")
+        if not isinstance(value, list):
+            return (self.url(self.required(route, here, "upstream"), path),)
+        if not value:
+            self.fail(path, "an empty array: name at least one next hop")
+        urls: list[str] = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str):
+                self.fail(path, f"expected URLs (strings), got {type_name(item)} {item!r}")
+            if item in urls:
+                self.fail(path, f"{item!r} is named twice")
+            urls.append(self.url(item, (*path, index)))
+        return tuple(urls)
 
     def allow(self, value: object, path: KeyPath, users: Set[str] | None) -> list[str]:
         if not isinstance(value, list) or not value:

@@ -2,8 +2,10 @@
 ``pairlink health`` and orchestrators probe a gateway as they probe a server.
 
 A pair a peer opens to ``$health`` is answered here, never relayed: ``check`` says
-``serving``, or, naming one of the gateway's routes, ``serving`` while that route's next hop is
-connected and a 503 while it is not (the gateway is up, but the route is broken); a route the
+``serving``, or, naming one of the gateway's routes, ``serving`` while one of that route's next
+hops (replicas) takes new pairs and a 503 while none does (the gateway is up, but the route is
+broken); a route of several replicas also says each one's state, in its config's order
+(``replicas``: ``ready``, ``connecting``, ``draining`` or ``lost``; no address); a route the
 peer's user may not use (its ``allow`` list) is a 404, as an unknown name is. Such a pair
 takes no place in ``max_pairs``: nothing is carried, and what a peer can hold here is bounded
 by the credit of its request link.
@@ -98,7 +100,7 @@ class HealthPair(LinkOwner):
             return wire.error_message(request, exc.status, exc.description, to=ME)
         return wire.encode_reply(request, value, to=ME)
 
-    def _check(self, request: wire.Request) -> dict[str, str]:
+    def _check(self, request: wire.Request) -> dict[str, object]:
         if request.operation != CHECK:
             raise CallError(NOT_FOUND, f"the health node has no operation {request.operation!r}")
         service: object = request.kwargs.get("service", request.args[0] if request.args else "")
@@ -106,10 +108,12 @@ class HealthPair(LinkOwner):
             raise CallError(wire.BAD_REQUEST, "check takes one optional route name")
         if service:
             route = self.context.routes.get(service)
-            upstream = self.context.upstreams.get(service)
-            if route is None or upstream is None or not self.downstream.may_use(route):
+            replicas = self.context.upstreams.get(service)
+            if route is None or replicas is None or not self.downstream.may_use(route):
                 # a route this user may not use does not exist for it: no state, no hint
                 raise CallError(NOT_FOUND, f"no route at the address {service!r}")
-            if not upstream.up:
+            if not replicas.serving:
                 raise CallError(UNAVAILABLE, f"the next hop of {service!r} is unreachable")
+            if len(replicas.upstreams) > 1:
+                return {"status": SERVING, "replicas": replicas.states()}
         return {"status": SERVING}

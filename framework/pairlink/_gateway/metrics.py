@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from pairlink._gateway.pairs import PairBudget
-from pairlink._gateway.upstream import Upstream
+from pairlink._gateway.replicas import RouteReplicas
 from pairlink._telemetry.metrics import connections_gauge, gauge, new_registry, parse_listen
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class GatewayMetrics:
     """The registry of one gateway, to serve at ``listen``: ``connections`` says how many
     inbound connections are open, ``pairs`` what is carried, ``upstreams`` each route's next
-    hop (by public address)."""
+    hop (by public address: one series per replica)."""
 
     def __init__(
         self,
@@ -28,7 +28,7 @@ class GatewayMetrics:
         *,
         connections: Callable[[], int],
         pairs: PairBudget,
-        upstreams: Mapping[str, Upstream],
+        upstreams: Mapping[str, RouteReplicas],
     ) -> None:
         parse_listen(listen)  # a mistake is told now, not once the gateway has started
         self.listen = listen
@@ -52,6 +52,7 @@ class GatewayMetrics:
             "1 while the route's next hop is connected, else 0.",
             labels=["route", "upstream"],
         )
-        for public, upstream in self._upstreams.items():
-            connected.add_metric([public, upstream.where], 1 if upstream.up else 0)
+        for public, replicas in self._upstreams.items():
+            for upstream in replicas.upstreams:
+                connected.add_metric([public, upstream.where], 1 if upstream.up else 0)
         yield connected

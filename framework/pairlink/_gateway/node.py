@@ -34,6 +34,7 @@ from pairlink._gateway.config import GatewayConfig, Route
 from pairlink._gateway.health import HealthPair
 from pairlink._gateway.metrics import GatewayMetrics
 from pairlink._gateway.pairs import PairBudget, PairLease, PairRelay, Relay, RelayContext
+from pairlink._gateway.replicas import RouteReplicas
 from pairlink._gateway.routing import RoutingRelay
 from pairlink._gateway.upstream import Upstream
 from pairlink._io.connection import AmqpConnection
@@ -68,8 +69,8 @@ class Downstream:
         for relay in self.relays.values():
             relay.release()
         self.relays.clear()
-        for upstream in set(self.context.upstreams.values()):
-            upstream.leave(self.conn)  # its lanes close: they carried its pairs alone
+        for replicas in set(self.context.upstreams.values()):
+            replicas.leave(self.conn)  # its lanes close: they carried its pairs alone
 
     def may_use(self, route: Route) -> bool:
         return route.allow is None or (self.user is not None and self.user in route.allow)
@@ -124,8 +125,9 @@ class Downstream:
         pair = PairRelay(self, route, link.name, link, lease, caller)
         self.relays[link.name] = pair
         release = self.conn.hold_input()
-        lane = context.upstreams[route.public].lane(self.conn)
-        context.start_soon(pair.open, lane, context.attach_timeout, release)
+        context.start_soon(
+            pair.open, context.upstreams[route.public], context.attach_timeout, release
+        )
 
     def _caller(self, link: Link, half: PairHalf) -> Identity | None:
         """Whom a new pair carries for, to vouch for upstream: the peer's user, or the caller
@@ -180,18 +182,24 @@ class Gateway:
         )
         self.listener: Listener[Downstream] | None = None
         shared: dict[tuple[str, str | None, str | None, str | None], Upstream] = {}
-        self.upstreams: dict[str, Upstream] = {}  # by public address
+        self.upstreams: dict[str, RouteReplicas] = {}  # by public address
         for route in config.routes:
-            key = (route.upstream, route.user, route.password, route.ca)
-            if key not in shared:
-                shared[key] = Upstream(
-                    route,
-                    container_id=self.container_id,
-                    idle_timeout=config.idle_timeout,
-                    connect_timeout=config.attach_timeout,
-                    limits=config.limits,
-                )
-            self.upstreams[route.public] = shared[key]
+            replicas = []
+            for url in route.upstream:
+                key = (url, route.user, route.password, route.ca)
+                if key not in shared:
+                    shared[key] = Upstream(
+                        url,
+                        route,
+                        container_id=self.container_id,
+                        idle_timeout=config.idle_timeout,
+                        connect_timeout=config.attach_timeout,
+                        limits=config.limits,
+                    )
+                replicas.append(shared[key])
+                shared[key].watched |= len(route.upstream) > 1
+            self.upstreams[route.public] = RouteReplicas(replicas)
+        self._next_hops = list(shared.values())
         self.context = RelayContext(
             routes=self.routes,
             upstreams=self.upstreams,
@@ -231,7 +239,7 @@ class Gateway:
         config = self.config
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            for upstream in set(self.upstreams.values()):
+            for upstream in self._next_hops:
                 nursery.start_soon(upstream.run)
             async with listen(
                 config.listen,

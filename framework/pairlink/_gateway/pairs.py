@@ -11,7 +11,7 @@ answered downstream with the same condition.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Protocol, TypeVar
 
 import attrs
@@ -24,7 +24,9 @@ from pairlink._amqp.performatives import RCV_FIRST, ROLE_RECEIVER, ROLE_SENDER, 
 from pairlink._amqp.session import Session
 from pairlink._gateway.config import Route
 from pairlink._gateway.relay import Hop
-from pairlink._gateway.upstream import Lane, Upstream, UpstreamUnavailable
+from pairlink._gateway.replicas import RouteReplicas
+from pairlink._gateway.upstream import Lane, UpstreamUnavailable
+from pairlink._gateway.watch import stopped
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner
 from pairlink._rpc.caller import Identity
@@ -139,13 +141,13 @@ class RelayOwner(Protocol):
 
 @attrs.frozen
 class RelayContext:
-    """What the relays of one gateway share: its routes and the upstream of each (by public
+    """What the relays of one gateway share: its routes and the replicas of each (by public
     address), its pair budget, how long an upstream pair may take to attach,
     ``start_soon``, which runs a set-up task for as long as the gateway runs, and the users it
     trusts to vouch for their callers."""
 
     routes: Mapping[str, Route]
-    upstreams: Mapping[str, Upstream]
+    upstreams: Mapping[str, RouteReplicas]
     pairs: PairBudget
     attach_timeout: float
     start_soon: Callable[..., None]
@@ -205,16 +207,31 @@ class UpstreamPair:
         self.sender: LinkEnd | None = None
         self.receiver: LinkEnd | None = None
         self.failure: Error | None = None
+        self.lane: Lane | None = None  # where it went, once placed
         self._changed = trio.Event()
 
     def changed(self) -> None:
         self._changed.set()
 
-    async def open(self, upstream: Lane, within: float) -> Error | None:
-        """Attach and wait for the answer (and the first credit, ``CREDIT_WAIT`` at most, if
-        the lane waits for it); returns why it failed, None when it is up."""
+    def ending(self, end: LinkEnd) -> Error | None:
+        """What to tell downstream now that ``end`` is over (:func:`upstream_ending`); a
+        replica that detached it because it stops gets no new pairs."""
+        error = upstream_ending(end, self.route)
+        if (
+            self.lane is not None
+            and error is not None
+            and stopped(error.condition, error.description)
+        ):
+            self.lane.upstream.stopping()
+        return error
+
+    async def open(self, replicas: RouteReplicas, caller: Hashable, within: float) -> Error | None:
+        """Attach on ``caller``'s lane to the replica the route picks, and wait for the answer
+        (and the first credit, ``CREDIT_WAIT`` at most, if the lane waits for it); returns why
+        it failed, None when it is up."""
         try:
             with trio.move_on_after(within) as scope:
+                upstream = self.lane = await replicas.lane(caller)
                 self._attach(*await upstream.place())
                 await self._until(self._settled)
                 if self.failure is None:
@@ -269,7 +286,7 @@ class UpstreamPair:
         assert sender is not None and receiver is not None
         for end in (sender, receiver):
             if end.detached is not None or end.conn.closed.is_set():
-                error = upstream_ending(end, self.route)
+                error = self.ending(end)
                 self.fail(error or Error(DETACH_FORCED, "the next hop detached the pair"))
                 return True
         if sender.link.remote_attach is None or receiver.link.remote_attach is None:
@@ -340,11 +357,13 @@ class PairRelay:
         if self.ready or self.failure is not None:
             self._answer()
 
-    async def open(self, upstream: Lane, within: float, release: Callable[[], None]) -> None:
-        """Pair upstream, then answer downstream; ``release`` lets the downstream
-        connection's input flow again, whatever happened."""
+    async def open(
+        self, replicas: RouteReplicas, within: float, release: Callable[[], None]
+    ) -> None:
+        """Pair upstream on one of ``replicas``, then answer downstream; ``release`` lets the
+        downstream connection's input flow again, whatever happened."""
         try:
-            self.failure = await self.upstream.open(upstream, within)
+            self.failure = await self.upstream.open(replicas, self.downstream.conn, within)
         except Exception:  # a bug of ours: this pair fails, the gateway's task logs it
             self.failure = Error(INTERNAL_ERROR, "the gateway could not pair upstream")
             raise
@@ -443,9 +462,7 @@ class PairRelay:
         if end is hop.outbound:
             hop.abandon()
         if partner is not None:
-            partner.detach(
-                upstream_ending(end, self.route) if upstream_side else end.ending_error()
-            )
+            partner.detach(self.upstream.ending(end) if upstream_side else end.ending_error())
         if self._all_over():
             self.downstream.forget(self)
 

@@ -30,10 +30,9 @@ from pairlink._gateway.pairs import (
     RelayOwner,
     UpstreamPair,
     admit_half,
-    upstream_ending,
 )
 from pairlink._gateway.relay import Hop
-from pairlink._gateway.upstream import Lane
+from pairlink._gateway.replicas import RouteReplicas
 from pairlink._io.links import LinkEnd
 from pairlink._rpc.caller import Identity
 from pairlink._rpc.linkpair import PairHalf, paired_properties
@@ -141,8 +140,7 @@ class RoutingRelay:
                 return
             leg = _Leg(route, self, self.snd_settle_mode, lease)
             self.legs[route.public] = leg
-            lane = context.upstreams[route.public].lane(self.downstream.conn)
-            context.start_soon(self._open_leg, leg, lane)
+            context.start_soon(self._open_leg, leg, context.upstreams[route.public])
         leg.requests.arrive(delivery, payload)
 
     def _unroutable(self, delivery: Delivery, condition: str, why: str) -> None:
@@ -154,8 +152,10 @@ class RoutingRelay:
         else:
             inbound.conn.settle(delivery, Rejected(error=Error(condition, why)))
 
-    async def _open_leg(self, leg: _Leg, lane: Lane) -> None:
-        failure = await leg.upstream.open(lane, self.context.attach_timeout)
+    async def _open_leg(self, leg: _Leg, replicas: RouteReplicas) -> None:
+        failure = await leg.upstream.open(
+            replicas, self.downstream.conn, self.context.attach_timeout
+        )
         if self.legs.get(leg.route.public) is not leg:  # the node ended while it opened
             leg.upstream.detach(None)
             return
@@ -260,7 +260,7 @@ class RoutingRelay:
             return
         # a leg is over: what it owed is released, and the next request for it opens anew
         self._drop_leg(leg)
-        error = upstream_ending(end, leg.route)
+        error = leg.upstream.ending(end)
         leg.requests.abandon()
         leg.replies.abandon()
         self._fail_waiting(leg, error or Error(NOT_FOUND, "the next hop detached"))

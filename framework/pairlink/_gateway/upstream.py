@@ -4,7 +4,9 @@ The main connection is kept up by a background task: opened when the gateway sta
 with capped, jittered backoff whenever it is lost, so a restarted next hop is found again
 without waiting for traffic. While it is down, new pairs fail at once (``UpstreamUnavailable``)
 rather than wait: the requester learns in one round trip that the route is broken, and may
-retry.
+retry. For a route of several replicas, the gateway asks each one's ``$health`` on it
+(:mod:`pairlink._gateway.watch`): the :attr:`Upstream.state` they are chosen by
+(:mod:`pairlink._gateway.replicas`). A next hop without others is ready while connected.
 
 Pairs do not go on the main connection: each inbound connection (a *caller*) has a
 :class:`Lane` of its own connections to the next hop, opened with its first pair there and
@@ -25,15 +27,17 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import quote
 
 import trio
 
 from pairlink._amqp.session import Session, SessionState
+from pairlink._client.placement import CONNECTING, DRAINING, LOST, READY, ReplicaState, room
 from pairlink._config.limits import Limits
 from pairlink._gateway.config import Route
+from pairlink._gateway.watch import watch_health
 from pairlink._io import net
 from pairlink._io.backoff import jittered_backoff
 from pairlink._io.connection import AmqpConnection
@@ -56,11 +60,13 @@ class UpstreamUnavailable(PairlinkError):
 
 
 class Upstream:
-    """The connections to ``route.upstream`` with ``route``'s credentials (routes that share
-    both share them): the main one, and a :class:`Lane` per caller with pairs there."""
+    """The connections to ``url`` (one of ``route.upstream``) with ``route``'s credentials
+    (routes that share both share them): the main one, and a :class:`Lane` per caller with
+    pairs there."""
 
     def __init__(
         self,
+        url: str,
         route: Route,
         *,
         container_id: str,
@@ -68,13 +74,13 @@ class Upstream:
         connect_timeout: float,
         limits: Limits,
     ) -> None:
-        url = net.AmqpUrl.parse(route.upstream)
-        self.where = f"{url.host}:{url.port}"  # for logs only: never sent downstream
+        parsed = net.AmqpUrl.parse(url)
+        self.where = f"{parsed.host}:{parsed.port}"  # for logs only: never sent downstream
         credentials = ""
         if route.user is not None:
             credentials = f"{quote(route.user, safe='')}:{quote(route.password or '', safe='')}@"
-        self._url = f"{url.scheme}://{credentials}{url.host}:{url.port}"
-        self._ssl_context = ssl.create_default_context(cafile=route.ca) if url.tls else None
+        self._url = f"{parsed.scheme}://{credentials}{parsed.host}:{parsed.port}"
+        self._ssl_context = ssl.create_default_context(cafile=route.ca) if parsed.tls else None
         self._container_id = container_id
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
@@ -83,6 +89,9 @@ class Upstream:
         self.lanes: dict[Hashable, Lane] = {}  # by caller
         self.sessions: dict[AmqpConnection, list[Session]] = {}  # every connection's sessions
         self.tried = trio.Event()  # the first attempt is over, whatever its result
+        self.state: ReplicaState = CONNECTING  # by its main connection and its $health
+        self.watched = False  # a replica among others: its $health is asked
+        self.on_state: list[Callable[[], None]] = []  # told of each state it reports
         self.grants_on_attach = False  # a pair here had credit with its attach answer
         self._failures = 0
         self._nursery: trio.Nursery | None = None
@@ -92,6 +101,45 @@ class Upstream:
     def up(self) -> bool:
         """The main connection is open: the next hop is reachable, new pairs are placed."""
         return self.current is not None and not self.current.closed.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """It takes new pairs: connected, and its ``$health`` says ``serving`` (or it has
+        none)."""
+        return self.state == READY
+
+    def set_state(self, state: ReplicaState) -> None:
+        if state != self.state:
+            self._log.info("upstream.state", state=state, was=self.state)
+            self.state = state
+        if state != CONNECTING:
+            self.tried.set()
+        for tell in self.on_state:
+            tell()
+
+    def stopping(self) -> None:
+        """It detached a pair because it stops: no new pairs, until it is back (its
+        ``$health`` says so). Only where the health is watched: a gateway passes on the
+        detach of a service behind it, and is not stopping for that."""
+        if self.watched and self.state == READY:
+            self.set_state(DRAINING)
+
+    def rank(self) -> int:
+        """What replicas are ranked by for a new pair (:func:`pairlink._client.placement.room`):
+        whether one of its pairs has credit left (or it has none yet: a new pair may bring its
+        first call, LP-10), then how many pairs it carries. Read per session, not per link:
+        each new pair of a route asks it of every replica."""
+        handles = 0
+        credit = False
+        for conn, sessions in self.sessions.items():
+            if conn is self.current:  # the main connection: its $health pair only
+                continue
+            for session in sessions:
+                handles += len(session.links)
+                credit = credit or any(
+                    link.is_sender and link.usable_credit > 0 for link in session.links.values()
+                )
+        return room(1 if credit or not handles else 0, handles // PAIR_HANDLES)
 
     async def connection(self) -> AmqpConnection:
         """The live main connection (else the route is broken: ``UpstreamUnavailable``);
@@ -189,16 +237,22 @@ class Upstream:
                     delay = jittered_backoff(self._failures, RETRY_DELAY, MAX_RETRY_DELAY)
                 finally:
                     self.current = None
-                    self.tried.set()
+                    self.set_state(LOST)
                 await trio.sleep(delay)
 
     async def _hold(self) -> None:
         async with self._connected() as conn:
             self.current = conn
             self._failures = 0
-            self.tried.set()
+            self.set_state(CONNECTING)  # until its $health answers
             self._log.info("upstream.connected", conn=conn.id)
-            await conn.closed.wait()
+            async with trio.open_nursery() as nursery:
+                if self.watched:
+                    nursery.start_soon(watch_health, conn, lambda: self.state, self.set_state)
+                else:
+                    self.set_state(READY)
+                await conn.closed.wait()
+                nursery.cancel_scope.cancel()
             self._log.warning("upstream.lost", error=str(conn.error or "closed"))
 
     @asynccontextmanager
