@@ -91,7 +91,8 @@ def test_the_gateway_config_loads_and_routes_to_the_headless_service(tmp_path: P
     config = load_config(tmp_path / "gateway.toml", environ={"PARTNER_PASSWORD": "secret"})
     (route,) = config.routes
     headless = of_kind(documents("service.yaml"), "Service")
-    upstream = urlsplit(route.upstream)
+    (upstream_url,) = route.upstream
+    upstream = urlsplit(upstream_url)
     assert upstream.hostname == f"{headless['metadata']['name']}.default.svc.cluster.local"
     assert upstream.port in {p["port"] for p in headless["spec"]["ports"]}
     # the Deployment mounts the file where its command reads it, with the Secret's variable
