@@ -270,6 +270,19 @@ class Served:
         self.process.stderr.close()
 
 
+def serving_each(urls: Sequence[str], *modules: str) -> Iterator[list[Served]]:
+    """For a fixture: ``pairlink serve MODULES --listen URL`` for each URL, every one listening.
+    A test may replace one in the list (same URL); each in the list ends with the fixture."""
+    processes = [Served(*modules, "--listen", url) for url in urls]
+    try:
+        for process in processes:
+            process.url()  # listening
+        yield processes
+    finally:
+        for process in processes:  # (SIGKILL ends a stopped one too)
+            process.__exit__()
+
+
 @pytest.mark.parametrize(
     ("spec", "extra", "address"),
     [

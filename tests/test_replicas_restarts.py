@@ -20,7 +20,7 @@ from pairlink.client import Client
 from pairlink.errors import ConnectionLostError
 from tests.gateway.chain import free_port
 from tests.service_peers import wait_for
-from tests.test_client_cli import Served
+from tests.test_client_cli import Served, serving_each
 
 CALLERS = 16
 """Callers, each with one call in flight at a time: a pipelined load on every replica."""
@@ -39,17 +39,8 @@ def urls() -> list[str]:
 
 @pytest.fixture
 def served(urls: list[str]) -> Iterator[list[Served]]:
-    """A ``pairlink serve`` per URL, listening; a test may replace one (same URL)."""
-    processes = [serve(url) for url in urls]
-    try:
-        for process in processes:
-            process.url()  # listening
-        yield processes
-    finally:
-        for process in processes:
-            if process.process.poll() is None:
-                process.process.send_signal(signal.SIGCONT)  # one stopped ends too
-            process.__exit__()
+    """A ``pairlink serve services.echo`` per URL, listening; a test may replace one."""
+    yield from serving_each(urls, "services.echo")
 
 
 class Load:

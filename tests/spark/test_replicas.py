@@ -21,7 +21,7 @@ from tests.gateway.chain import free_port
 from tests.service_peers import wait_for
 from tests.spark.effects import EFFECTS_DIR, effects
 from tests.spark.recorder import expected
-from tests.test_client_cli import Served
+from tests.test_client_cli import Served, serving_each
 
 ROWS = 100_000
 """The issue's job: on this 2-core machine it runs in ~20 s against three replicas."""
@@ -52,14 +52,7 @@ def urls() -> list[str]:
 def replicas(urls: list[str], effect_files: Path) -> Iterator[list[Served]]:
     """A ``pairlink serve tests.spark.effects`` per URL, listening; a test may replace one
     (same URL)."""
-    processes = [serve(url) for url in urls]
-    try:
-        for process in processes:
-            process.url()  # listening
-        yield processes
-    finally:
-        for process in processes:
-            process.__exit__()
+    yield from serving_each(urls, "tests.spark.effects")
 
 
 def rows_run(folder: Path, pid: int) -> int:
