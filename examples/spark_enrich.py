@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     began = time.perf_counter()
-    spark = local_session("local[2]", "pairlink-demo")
+    spark = local_session(app_name="pairlink-demo")
     print(f"Spark {spark.version} started in {time.perf_counter() - began:.1f} s")
     try:
         with start_service_chain(args.direct) as url, tempfile.TemporaryDirectory() as folder:

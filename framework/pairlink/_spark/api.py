@@ -36,30 +36,63 @@ RDD_CHUNK = 1000
 """Rows of an RDD partition read at a time (an Arrow batch is a chunk of its own)."""
 
 
+DEFAULT_MASTER = "local[2]"
+"""The master when nothing names one: two local cores, what the examples and tests assume."""
+SPARK_FALLBACK_MASTER = "local[*]"
+"""What Spark's launcher sets when told no master: it means "none given", not a choice."""
+
+
 def local_session(
-    master: str = "local[2]", app_name: str = "pairlink", **conf: str
+    master: str | None = None, app_name: str = "pairlink", **conf: str
 ) -> SparkSession:
-    """A local SparkSession set up for pairlink: the workers run this interpreter
+    """A SparkSession set up for pairlink: the workers run this interpreter
     (``PYSPARK_PYTHON``: another one would import another trio, or none), Spark binds
-    127.0.0.1 (``SPARK_LOCAL_IP``), and Spark's own console progress bar is off so that
-    :class:`~pairlink.spark.Progress` can draw. ``conf``: more Spark settings."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    127.0.0.1 (``SPARK_LOCAL_IP``, ``spark.driver.host``; local masters only), and Spark's
+    own console progress bar is off so that :class:`~pairlink.spark.Progress` can draw.
+    ``conf``: more Spark settings.
+
+    The master, first found of: an active session (returned as it is, ``conf`` unapplied:
+    Spark cannot change a running session's static settings); ``master``; the one Spark was
+    launched with (``spark-submit --master``, ``--master`` in ``PYSPARK_SUBMIT_ARGS``,
+    ``MASTER``, ``spark.master`` in ``spark-defaults.conf``); else ``local[2]``. Spark's own
+    fallback ``local[*]`` counts as none given, except under ``spark-submit``."""
     from pyspark.sql import SparkSession
 
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    if master is None or master.startswith("local"):  # read when the JVM starts, next
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    chosen = _master(master)
+    local = chosen.startswith("local")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     settings = {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
-        "spark.driver.host": "127.0.0.1",
+        **({"spark.driver.host": "127.0.0.1"} if local else {}),
         **conf,
     }
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.master(chosen).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _master(requested: str | None) -> str:
+    """The master to use when no session is active (rule in :func:`local_session`)."""
+    if requested is not None:
+        return requested
+    from pyspark import SparkConf, SparkContext
+
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+    SparkContext._ensure_initialized()  # the JVM: its conf holds what the launcher was told
+    configured = SparkConf().get("spark.master")
+    if configured is None or (configured == SPARK_FALLBACK_MASTER and not under_submit):
+        return DEFAULT_MASTER
+    return configured
 
 
 def _checked(
