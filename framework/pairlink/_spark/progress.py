@@ -11,7 +11,9 @@ calls, so it never delays them; a task that cannot reach the driver logs it once
 without reporting.
 
 When no row counts arrive (the side channel unreachable, or turned off) the bar falls back to
-what Spark's ``statusTracker`` knows: tasks completed of the job's stages.
+what Spark's ``statusTracker`` knows: tasks completed of the job's stages. A Spark Connect
+session has no SparkContext on the client, so no status tracker and no job group: there the
+rows are all the bar shows, and with ``side_channel=False`` it says in one line that it is off.
 
 The bar goes to stderr: redrawn in place (``\\r``) on a terminal, a log line every
 ``log_every`` seconds otherwise (a CI log, a file).
@@ -32,10 +34,24 @@ from pairlink._spark._reporter import ADDRESS
 from pairlink._spark.background import serve_in_thread
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 BAR_WIDTH = 30
 Mode = Literal["rows", "tasks"]
+CONNECT_OFF = (
+    "progress off: a Spark Connect session has no task counts, and side_channel=False"
+    " turns off row counts"
+)
+
+
+def spark_context(spark: SparkSession) -> SparkContext | None:
+    """The session's SparkContext; None for a Spark Connect session, a client of a remote
+    driver, where reading ``sparkContext`` raises. By its class's module, not an import of
+    ``pyspark.sql.connect``, which fails without Connect's own dependencies."""
+    if type(spark).__module__.startswith("pyspark.sql.connect."):
+        return None
+    return spark.sparkContext
 
 
 @service(ADDRESS, max_concurrency=1, mailbox=1024)
@@ -69,10 +85,12 @@ class Progress:
             out.write.parquet(path)
 
     ``total``: rows expected (None: no percentage). ``host``: the address to listen on
-    (default ``spark.driver.host``); ``advertise``: the URL tasks report to, if they must
+    (default ``spark.driver.host``; with Spark Connect 127.0.0.1, as the Connect server's
+    tasks must reach this process); ``advertise``: the URL tasks report to, if they must
     reach the driver by another name (NAT, a proxy); ``side_channel=False``: task-level
-    progress only. ``stream``: where the bar goes (stderr). The jobs are recognised by a job
-    group set for the block's thread (the previous one is restored on exit).
+    progress only (with Spark Connect none: one line says so). ``stream``: where the bar
+    goes (stderr). The jobs are recognised by a job group set for the block's thread (the
+    previous one is restored on exit).
     """
 
     def __init__(
@@ -104,6 +122,7 @@ class Progress:
         self._thread: threading.Thread | None = None
         self._started = 0.0
         self._tty = False
+        self._context = spark_context(spark)
 
     # -- what is known -----------------------------------------------------------------------
 
@@ -116,8 +135,11 @@ class Progress:
         return self.tally.totals()[1]
 
     def tasks(self) -> tuple[int, int]:
-        """(completed, total) tasks of the block's jobs, from Spark's status tracker."""
-        tracker = self.spark.sparkContext.statusTracker()
+        """(completed, total) tasks of the block's jobs, from Spark's status tracker
+        ((0, 0) with Spark Connect, which has none)."""
+        if self._context is None:
+            return 0, 0
+        tracker = self._context.statusTracker()
         done = total = 0
         for job_id in tracker.getJobIdsForGroup(self.group):
             job = tracker.getJobInfo(job_id)
@@ -136,6 +158,8 @@ class Progress:
     def line(self) -> str:
         """The bar as text, from what is known now."""
         elapsed = max(time.monotonic() - self._started, 1e-9)
+        if self.mode == "tasks" and self._context is None:
+            return f"no row counts yet ({elapsed:,.0f} s; Spark Connect has no task counts)"
         if self.mode == "tasks":
             done, total = self.tasks()
             return f"tasks {done:,}/{total:,} done  ({elapsed:,.0f} s, no row counts yet)"
@@ -155,17 +179,23 @@ class Progress:
     # -- the block ---------------------------------------------------------------------------
 
     def __enter__(self) -> Progress:
-        context = self.spark.sparkContext
+        context = self._context
+        if context is None and not self.side_channel:
+            self.stream.write(f"{CONNECT_OFF}\n")
+            self.stream.flush()
+            return self
         try:
             if self.side_channel:
-                host = self.host or context.getConf().get("spark.driver.host") or "127.0.0.1"
+                driver = context.getConf().get("spark.driver.host") if context else None
+                host = self.host or driver or "127.0.0.1"
                 server = self._stack.enter_context(
                     serve_in_thread(self.tally, listen=f"amqp://{host}:0")
                 )
                 self.url = self.advertise or f"amqp://{host}:{server.port}"
-            previous = context.getLocalProperty("spark.jobGroup.id")
-            context.setLocalProperty("spark.jobGroup.id", self.group)
-            self._stack.callback(context.setLocalProperty, "spark.jobGroup.id", previous)  # type: ignore[arg-type]
+            if context is not None:
+                previous = context.getLocalProperty("spark.jobGroup.id")
+                context.setLocalProperty("spark.jobGroup.id", self.group)
+                self._stack.callback(context.setLocalProperty, "spark.jobGroup.id", previous)  # type: ignore[arg-type]
             self._tty = self.stream.isatty()
             self._started = time.monotonic()
             self._thread = threading.Thread(target=self._render, name="pairlink-progress")
@@ -177,9 +207,10 @@ class Progress:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        if self._thread is None:  # off from the start: said so in __enter__
+            return
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
         self._show(final=True)
         self._stack.close()
 
