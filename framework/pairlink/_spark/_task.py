@@ -34,7 +34,7 @@ from pairlink._io.threads import start_trio_thread
 from pairlink._spark._reporter import Counts, report
 from pairlink._spark._urls import described, scrubbed
 from pairlink._telemetry.logs import get_logger
-from pairlink.errors import ConnectionLostError, RemoteError
+from pairlink.errors import ConnectionLostError, PairlinkError, RemoteError
 
 log = get_logger("pairlink.spark")
 
@@ -227,7 +227,10 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chu
         thread.stop()
         raise
     # not stopped: a cancel landing while the calls clean up after a failure would lose it
-    thread.join()  # raises the task's failure
+    try:
+        thread.join()  # raises the task's failure
+    except PairlinkError as exc:  # Spark prints the traceback: ours is no news to its reader
+        raise exc.with_traceback(None) from None
 
 
 def message_ids(run_id: str, keys: Sequence[object], column: str) -> list[str]:
