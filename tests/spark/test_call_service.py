@@ -20,11 +20,11 @@ def rows(spark: SparkSession, n: int, partitions: int = 4) -> DataFrame:
     return spark.range(n, numPartitions=partitions).selectExpr("id", "concat('row ', id) as text")
 
 
-def score(df: DataFrame, url: str, **options: object) -> DataFrame:
+def score(df: DataFrame, url: str, address: str = "recorder", **options: object) -> DataFrame:
     return call_service(
         df,
         url=url,
-        address="recorder",
+        address=address,
         operation="score",
         args=["id", "text"],
         result_schema="score double, label string",
@@ -141,14 +141,7 @@ def test_a_wrong_address_fails_the_job_with_one_short_line_naming_it(
 ) -> None:
     df = rows(spark, 200, partitions=1)
     with pytest.raises(Exception) as failed:
-        call_service(
-            df,
-            url=recorder.url,
-            address="scorre",
-            operation="score",
-            args=["id", "text"],
-            result_schema="score double, label string",
-        ).collect()
+        score(df, recorder.url, address="scorre").collect()
     why = "pairlink.errors.LinkDetachedError: amqp:not-found: no service at the address "
     why += f"'scorre' on {recorder.url}"
     assert why in str(failed.value).splitlines()
