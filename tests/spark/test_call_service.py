@@ -20,11 +20,11 @@ def rows(spark: SparkSession, n: int, partitions: int = 4) -> DataFrame:
     return spark.range(n, numPartitions=partitions).selectExpr("id", "concat('row ', id) as text")
 
 
-def score(df: DataFrame, url: str, **options: object) -> DataFrame:
+def score(df: DataFrame, url: str, address: str = "recorder", **options: object) -> DataFrame:
     return call_service(
         df,
         url=url,
-        address="recorder",
+        address=address,
         operation="score",
         args=["id", "text"],
         result_schema="score double, label string",
@@ -134,6 +134,18 @@ def test_a_service_that_is_down_fails_the_job_with_a_clear_error(spark) -> None:
     why = re.escape("cannot reach the service 'recorder' at amqp://127.0.0.1:1")
     with pytest.raises(Exception, match=why):
         score(df, "amqp://127.0.0.1:1", connect_timeout=2.0).collect()
+
+
+def test_a_wrong_address_fails_the_job_with_one_short_line_naming_it(
+    spark, recorder: Served
+) -> None:
+    df = rows(spark, 200, partitions=1)
+    with pytest.raises(Exception) as failed:
+        score(df, recorder.url, address="scorre").collect()
+    why = "pairlink.errors.LinkDetachedError: amqp:not-found: no service at the address "
+    why += f"'scorre' on {recorder.url}"
+    assert why in str(failed.value).splitlines()
+    assert len(str(failed.value)) < 1000  # no traceback per pipelined call stacked on it
 
 
 def test_progress_counts_every_row_over_the_side_channel(spark, recorder: Served) -> None:

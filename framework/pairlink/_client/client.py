@@ -215,7 +215,7 @@ class Client:
         encoding = wire.peer_encoding(offered)
         conn_log = log.bind(conn=amqp.id, peer=amqp.peer)
         conn_log.info("client.connected", paired=paired, encoding=encoding.name)
-        return CallConnection(self, amqp, paired, conn_log, encoding=encoding)
+        return CallConnection(self, amqp, paired, conn_log, net.redacted(url), encoding=encoding)
 
     async def _hold(
         self,

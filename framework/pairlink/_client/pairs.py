@@ -41,7 +41,7 @@ from pairlink._client.timeouts import Timeouts
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.links import LinkEnd, LinkOwner, Sender, attach
 from pairlink._rpc import deadline, spans, tracing, wire
-from pairlink._rpc.linkpair import paired_mismatch, paired_properties
+from pairlink._rpc.linkpair import paired_mismatch, paired_properties, unknown_address
 from pairlink._rpc.payload import Encoding
 from pairlink._telemetry.logs import Logger
 from pairlink.errors import ConnectionLostError, LinkDetachedError, PairlinkError
@@ -469,7 +469,9 @@ class CallPair(LinkOwner):
         if call.error is not None:
             if call.unsent and self.resendable:
                 raise NotSent(call.error)
-            raise call.error
+            # one error ends every call of the pair: each raise starts its own traceback,
+            # where re-raising the shared object would stack every caller's frames on it
+            raise call.error.with_traceback(None)
         self.log.debug("call.timeout", message_id=call_id, operation=label)
         raise TimeoutError(f"{self.address}.{label}: no reply within the deadline")
 
@@ -509,7 +511,19 @@ class CallPair(LinkOwner):
         return Accepted()
 
     def link_ended(self, end: LinkEnd) -> None:
-        self.lost(end.detached)
+        error = end.detached
+        if error is not None and error.condition == conditions.NOT_FOUND and not self.granted:
+            error = self._not_found(error)
+        self.lost(error)
+
+    def _not_found(self, refusal: LinkDetachedError) -> LinkDetachedError:
+        """A refused attach as one line naming the address and the (redacted) URL, where the
+        peer's description alone names neither; what the peer said is kept if it differs."""
+        said = refusal.description
+        why = f"{unknown_address(self.address)} on {self.conn.where}"
+        if said and said != unknown_address(self.address):
+            why = f"{why} (the peer says: {said})"
+        return LinkDetachedError(why, conditions.NOT_FOUND)
 
     def on_reply(self, message: Message) -> None:
         if not self.verified:
@@ -568,6 +582,8 @@ class CallConnection:
     amqp: AmqpConnection
     paired: bool
     log: Logger
+    where: str
+    """The URL it was opened to, as errors show it (``net.redacted``)."""
     pairs: dict[str, CallPair] = attrs.field(factory=dict)
     encoding: Encoding = Encoding.AMQP_VALUE
     """The request body its peer reads (``wire.peer_encoding``), for calls that name none."""

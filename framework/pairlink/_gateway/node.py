@@ -109,7 +109,9 @@ class Downstream:
             self.relays[link.name] = HealthPair(self, context, link.name, link)
             return
         route = context.routes.get(address)
-        refusal = judge_attach(half, known=route is not None, pairs=True, opposite=None)
+        refusal = judge_attach(
+            half, known=route is not None, pairs=True, opposite=None, address=address
+        )
         if refusal is not None:
             self._refuse(link, half, refusal.condition, refusal.description)
             return

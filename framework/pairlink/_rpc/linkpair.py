@@ -75,6 +75,11 @@ def _address(terminus: Source | Target | None) -> str | None:
     return None if terminus is None or terminus.address is None else str(terminus.address)
 
 
+def unknown_address(address: str | None) -> str:
+    """The description of an ``amqp:not-found`` refusal: one line naming the address."""
+    return f"no service at the address {address!r}"
+
+
 @attrs.frozen
 class Refusal:
     """How to turn an attach down: the error condition, and whether our answering attach
@@ -87,11 +92,17 @@ class Refusal:
 
 
 def judge_attach(
-    half: PairHalf, *, known: bool, pairs: bool, opposite: PairHalf | None
+    half: PairHalf,
+    *,
+    known: bool,
+    pairs: bool,
+    opposite: PairHalf | None,
+    address: str | None = None,
 ) -> Refusal | None:
     """A responder's verdict on an incoming attach; None accepts it.
 
-    ``known``: the address names a node here; ``pairs``: that node supports pairing;
+    ``known``: the address names a node here (``address``, named in the refusal when it is
+    not, so the caller reads which address was wrong); ``pairs``: that node supports pairing;
     ``opposite``: the peer's link of the same name in the other direction on this
     connection, if one exists. The checks run in this order: an unknown node is not found
     whatever the attach says; LP-6 for a paired attach to a node that does not pair; then
@@ -99,7 +110,7 @@ def judge_attach(
     do not mirror each other).
     """
     if not known:
-        return Refusal(NOT_FOUND, "no such node here", null_terminus=True)
+        return Refusal(NOT_FOUND, unknown_address(address), null_terminus=True)
     if half.paired and not pairs:
         return Refusal(NOT_IMPLEMENTED, "this address does not support link pairing", True)
     if opposite is None:

@@ -383,6 +383,7 @@ class Container:
             known=actor is not None,
             pairs=actor is not None and actor.pairing,
             opposite=opposite,
+            address=half.target,
         )
         if refusal is not None:
             self._refuse(peer, link, half, refusal)
@@ -428,6 +429,7 @@ class Container:
                 known=actor is not None,
                 pairs=actor is not None and actor.pairing,
                 opposite=opposite,
+                address=half.source,
             )
         if refusal is not None:
             self._refuse(peer, link, half, refusal)

@@ -32,9 +32,10 @@ from pairlink._client.client import Client, connect
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._io.threads import start_trio_thread
 from pairlink._spark._reporter import Counts, report
+from pairlink._spark._tls import Security
 from pairlink._spark._urls import described, scrubbed
 from pairlink._telemetry.logs import get_logger
-from pairlink.errors import ConnectionLostError, RemoteError
+from pairlink.errors import ConnectionLostError, PairlinkError, RemoteError
 
 log = get_logger("pairlink.spark")
 
@@ -60,6 +61,7 @@ class Plan:
     run_id: str
     connect_timeout: float
     progress_url: str | None = None
+    security: Security = attrs.field(factory=Security)
 
 
 @attrs.define(eq=False)
@@ -113,6 +115,8 @@ class _Calls(Generic[P]):
                         reconnect=True,
                         connect_timeout=plan.connect_timeout,
                         reply_credit=max(2, 2 * plan.in_flight),
+                        ssl_context=plan.security.ssl_context(),
+                        sasl=plan.security.sasl,
                     ) as client:
                         connected = True
                         await self._run(client)
@@ -227,7 +231,10 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chu
         thread.stop()
         raise
     # not stopped: a cancel landing while the calls clean up after a failure would lose it
-    thread.join()  # raises the task's failure
+    try:
+        thread.join()  # raises the task's failure
+    except PairlinkError as exc:  # Spark prints the traceback: ours is no news to its reader
+        raise exc.with_traceback(None) from None
 
 
 def message_ids(run_id: str, keys: Sequence[object], column: str) -> list[str]:

@@ -19,6 +19,7 @@ import attrs
 
 from pairlink._spark._results import Column, result_arrays
 from pairlink._spark._task import Chunk, OnError, Plan, message_ids, run_task
+from pairlink._spark._tls import security
 from pairlink._spark._urls import endpoints
 
 if TYPE_CHECKING:
@@ -125,6 +126,10 @@ def call_service(
     run_id: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 10.0,
+    ca: str | os.PathLike[str] | None = None,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+    sasl: bool | str = True,
 ) -> DataFrame:
     """``df`` with the reply to one call per row as new columns (lazy, like any transformation).
 
@@ -159,6 +164,12 @@ def call_service(
     Either way a call that gets no answer at all (the service unreachable, the row's timeout
     passed) fails the task, which Spark may retry. ``progress``: report rows to that
     :class:`~pairlink.spark.Progress`.
+
+    ``amqps://`` URLs: ``ca`` is a PEM file of the CAs to trust (default: the system's);
+    ``client_cert`` and ``client_key`` PEM files of a client certificate (mutual TLS, and
+    ``sasl="EXTERNAL"`` to log in as its subject); ``sasl=True`` logs in with the URL's
+    user and password (PLAIN) if it has them, else ANONYMOUS. Paths, read on each executor:
+    every worker needs the files at that path.
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -177,7 +188,8 @@ def call_service(
     if on_error == "column":
         fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
     plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
-    plan = attrs.evolve(plan, connect_timeout=connect_timeout)
+    secured = security(ca, client_cert, client_key, sasl)
+    plan = attrs.evolve(plan, connect_timeout=connect_timeout, security=secured)
     spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
     return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
 
@@ -196,6 +208,10 @@ def call_partitions(
     run_id: str | None = None,
     progress: Progress | None = None,
     connect_timeout: float = 10.0,
+    ca: str | os.PathLike[str] | None = None,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+    sasl: bool | str = True,
 ) -> RDD[tuple[object, ...]]:
     """The RDD form of :func:`call_service`: ``(row, reply)`` for every row, in order
     (``(row, reply, error)`` with ``on_error="column"``). ``args(row)`` gives the call's
@@ -204,7 +220,8 @@ def call_partitions(
     ``call_service``."""
     urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
     plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
-    plan = attrs.evolve(plan, connect_timeout=connect_timeout)
+    secured = security(ca, client_cert, client_key, sasl)
+    plan = attrs.evolve(plan, connect_timeout=connect_timeout, security=secured)
     task = functools.partial(_map_rows, plan, args, key)
     return rdd.mapPartitions(task, preservesPartitioning=True)
 
