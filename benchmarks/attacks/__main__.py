@@ -26,7 +26,7 @@ from benchmarks.attacks.children import (
     rss_mib,
     serve_users,
 )
-from benchmarks.attacks.phases import PhaseTimeout, phase
+from benchmarks.attacks.phases import PhaseTimeout, phase, tally
 from benchmarks.rpc import ChildFailed, run_main
 from pairlink._io.taskgroups import lone_errors_unwrapped
 
@@ -156,7 +156,7 @@ def print_table(rows: list[Row], plan: Plan, elapsed: float) -> None:
             print(f"  {detail}")
         failed = [p for p in row.normal if not p.ok]
         if failed:
-            why = ", ".join(f"{n}x {e}" for e, n in Counter(p.error for p in failed).items())
+            why = tally(Counter(p.error for p in failed))
             first, last = (p.at - row.started for p in (failed[0], failed[-1]))
             print(f"  normal client failures: {why} (started {first:.1f}-{last:.1f} s in)")
         if row.log:

@@ -25,7 +25,7 @@ from benchmarks.attacks.children import (
     Probe,
     Prober,
 )
-from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase
+from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase, tally
 from benchmarks.attacks.wire import (
     BOMB_SIZE,
     CHUNK,
@@ -274,7 +274,7 @@ async def partial(ctx: Ctx) -> str:
     ctx.details.append(
         f"{len(granted)} links with credit; sent {mib:,.0f} MiB in {took:.1f} s, each link "
         f"until detached or {ctx.plan.partial_mib} MiB; detaches: "
-        + (", ".join(f"{n}x {c}" for c, n in why.items()) or "none")
+        + (tally(why) or "none")
         + (f", the first after {first_detach:,.0f} MiB" if first_detach is not None else "")
     )
     if wire.close is not None:
@@ -413,11 +413,11 @@ async def many_links(ctx: Ctx) -> str:
         f"{total:,} pairs on {sessions} sessions written in {sent:.1f} s; server attached "
         f"{total - unanswered:,}{'' if all_answered else ' (not all in time)'}, granted credit "
         f"to {credited:,}; answered {answered:,}; refused: "
-        + (", ".join(f"{n:,}x {c}" for c, n in refused.most_common(3)) or "none")
+        + (tally(dict(refused.most_common(3))) or "none")
     )
     if wire.ends:
         why = Counter(said(end.error, full=False) for end in wire.ends)
-        ctx.details.append(f"sessions ended: {', '.join(f'{n}x {c}' for c, n in why.items())}")
+        ctx.details.append(f"sessions ended: {tally(why)}")
     if wire.close is not None:
         ctx.details.append(f"connection closed: {said(wire.close.error)}")
     verdict = f"held {held:,} calls"
@@ -458,8 +458,7 @@ async def hoarders(ctx: Ctx) -> str:
     gone = Counter(said(link.detach.error, full=False) for link in links if link and link.detach)
     ctx.details.append(
         f"{count} connections, one request link each; credit granted to {credited}; held "
-        f"{held:.1f} s with heartbeats every {HEARTBEAT:g} s; detached: "
-        + (", ".join(f"{n}x {c}" for c, n in gone.items()) or "none")
+        f"{held:.1f} s with heartbeats every {HEARTBEAT:g} s; detached: " + (tally(gone) or "none")
     )
     if gone:
         return f"revoked {sum(gone.values())} of {count} links' credit"
@@ -511,7 +510,7 @@ async def silent(ctx: Ctx) -> str:
             await trio.aclose_forcefully(stream)
     ctx.details.append(
         f"{len(streams):,} connected in {opened:.1f} s"
-        + (f" ({', '.join(f'{n}x {e}' for e, n in failed.items())} failed)" if failed else "")
+        + (f" ({tally(failed)} failed)" if failed else "")
         + f"; closed within 1 s: {at_once:,}; still open at {ctx.plan.silent_wait:g} s: "
         f"{still_open:,}"
     )
@@ -585,7 +584,7 @@ async def wrong_passwords(ctx: Ctx) -> str:
     ctx.details.append(
         f"{count} wrong logins from 127.0.0.1 in {took:.2f} s"
         f"{' (capped)' if capped.cancelled_caught else ''}: "
-        + ", ".join(f"{n}x {o}" for o, n in outcomes.items())
+        + tally(outcomes)
         + f"; right logins from 127.0.0.2 meanwhile: {len(ctx.normal)}"
     )
     return f"{count} wrong in {took:.2f} s ({took / max(count, 1):.3f} s each)"

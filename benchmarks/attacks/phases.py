@@ -1,8 +1,9 @@
-"""Every phase of an attack is bounded: a phase that overruns is the script's failure, named."""
+"""Every phase of an attack is bounded: a phase that overruns is the script's failure, named.
+And how a row words what it counted (:func:`tally`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import trio
@@ -24,3 +25,8 @@ def phase(what: str, seconds: float) -> Iterator[None]:
             yield
     except trio.TooSlowError:
         raise PhaseTimeout(f"{what}: over {seconds:g} s") from None
+
+
+def tally(counts: Mapping[str, int]) -> str:
+    """``counts`` as a row says them: ``"3x closed, 1,200x refused"`` (empty: ``""``)."""
+    return ", ".join(f"{n:,}x {what}" for what, n in counts.items())

@@ -41,7 +41,7 @@ import trio
 
 from benchmarks.attacks import hosts
 from benchmarks.attacks.children import PROBE_TIMEOUT, Probe, rss_mib
-from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase
+from benchmarks.attacks.phases import STEP_TIMEOUT, PhaseTimeout, phase, tally
 from benchmarks.attacks.wire import OUR_HANDLE_MAX, Wire, wire_to
 from pairlink import Client, RemoteError, connect
 from pairlink._amqp.performatives import ROLE_RECEIVER, ROLE_SENDER
@@ -376,8 +376,8 @@ async def metrics_scrape(ctx: Ctx) -> str:
             await trio.aclose_forcefully(stream)
     ctx.details.append(
         f"{HALF_OPEN} half requests and {len(held) - HALF_OPEN:,} idle sockets held"
-        + (f" ({', '.join(f'{n}x {e}' for e, n in failed.items())} failed)" if failed else "")
-        + f"; scrapes failed: {', '.join(f'{n}x {e}' for e, n in why.items()) or 'none'}"
+        + (f" ({tally(failed)} failed)" if failed else "")
+        + f"; scrapes failed: {tally(why) or 'none'}"
     )
     return f"{ok} of {SCRAPES} scrapes succeeded ({SCRAPE_WAIT:g} s each)"
 
@@ -409,8 +409,7 @@ async def running_slots(ctx: Ctx) -> str:
     quick = [p for p in ctx.prober.probes if p.at >= flooded]
     ctx.details.append(
         f"{sizes.slow_calls:,} sleep({SLOW_SECONDS:g}) calls on one connection, held "
-        f"{sizes.slow_hold:g} s; their outcomes by then: "
-        + (", ".join(f"{n:,}x {o}" for o, n in outcomes.items()) or "none finished")
+        f"{sizes.slow_hold:g} s; their outcomes by then: " + (tally(outcomes) or "none finished")
     )
     return f"another caller's echo beside them: {served(quick)}"
 
