@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to enrich (1,000,000)")
     parser.add_argument("--partitions", type=int, default=8, help="Spark partitions (8)")
-    parser.add_argument("--in-flight", type=int, default=200, help="calls per task (200)")
+    parser.add_argument(
+        "--in-flight", type=int, default=200, help="messages (batches) in flight per task (200)"
+    )
+    parser.add_argument(
+        "--batch-rows", type=int, default=256, help="rows to a message (256, as call_service)"
+    )
     parser.add_argument(
         "--direct", action="store_true", help="call the service directly, not through gateways"
     )
@@ -82,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                     result_schema="score double, label string",
                     key="id",
                     in_flight=args.in_flight,
+                    batch_rows=args.batch_rows,
                     progress=progress,
                 )
                 enriched.write.parquet(f"{folder}/enriched")

@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from pairlink import RemoteError, Reply, connect, open_server
 from pairlink._amqp import messaging
 from pairlink._amqp.messaging import Message
-from pairlink._rpc import wire
+from pairlink._rpc import batch, wire
 from pairlink._rpc.payload import Encoding
-from pairlink.errors import CallError
+from pairlink.errors import CallError, PayloadError
 from services.echo import Echo
 
 IDS = st.one_of(
@@ -78,11 +78,23 @@ def _outcome(read: Any, payload: bytes) -> Any:
 def requests(draw: st.DrawFn, usual: bool = False) -> bytes:
     """A request as our client writes it, maybe damaged; ``usual``: mostly in the layout our
     client writes to a pairlink service (our envelope, a deadline, a short reply-to)."""
-    encodings = [Encoding.ENVELOPE] * 15 + list(Encoding) if usual else list(Encoding)
+    encodings = [Encoding.ENVELOPE] * 15 + [Encoding.BATCH] * 5 if usual else []
+    encodings += list(Encoding)
     timeouts = [0.0001, 0.2, 30.0, 1e6] + ([] if usual else [None])
     reply_tos = [wire.ME, "reply/1"] * 4 + [None, "ü" * 300]
     encoding = draw(st.sampled_from(encodings))
-    args = [draw(st.binary())] if encoding is Encoding.RAW else draw(st.lists(VALUES, max_size=3))
+    args: list[Any]
+    if encoding is Encoding.RAW:
+        args = [draw(st.binary())]
+    elif encoding is Encoding.BATCH:  # its rows, packed: the one argument
+        rows = draw(st.lists(st.lists(VALUES, max_size=3), max_size=4))
+        try:
+            packed = list(batch.packed(((row, {}) for row in rows), 256, 1 << 18))
+        except PayloadError:
+            assume(False)
+        args = [packed[0].body if packed else b"\x90"]
+    else:
+        args = draw(st.lists(VALUES, max_size=3))
     kwargs = {}
     if encoding is Encoding.ENVELOPE:
         kwargs = draw(st.dictionaries(st.sampled_from(["a", "b"]), VALUES, max_size=2))

@@ -111,7 +111,7 @@ async def test_records_carry_the_fields_of_the_line(
     assert fields["service"] == "failing" and fields["operation"] == "boom"
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
     assert record.getMessage().startswith(f"call.failed service=failing conn={fields['conn']}")
-    assert record.funcName == "_undisclosed"  # the line that logged, not the logging module
+    assert record.funcName == "undisclosed"  # the line that logged, not the logging module
 
 
 @pytest.mark.parametrize("before", [False, True], ids=["after", "before"])

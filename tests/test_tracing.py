@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.util._once import Once
 
 from pairlink import (
+    CallError,
     Client,
     TraceContext,
     connect,
@@ -111,6 +112,12 @@ class Seen:
     @handler
     def in_thread(self) -> dict[str, Any]:
         return {"trace": _trace()}
+
+    @handler
+    def half(self, n: int) -> float:
+        if n < 0:
+            raise CallError(400, "negative")
+        return n / 2
 
     @handler
     async def relay(self) -> dict[str, Any]:
@@ -301,6 +308,22 @@ async def test_a_failed_call_is_an_error_span(exported: InMemorySpanExporter) ->
     assert failed.attributes is not None
     assert failed.attributes["rpc.response.status_code"] == 404
     assert not failed.status.is_ok
+
+
+async def test_a_batch_is_one_span_that_counts_its_rows_and_their_failures(
+    exported: InMemorySpanExporter,
+) -> None:
+    tracer = trace.get_tracer("test")
+    async with seen_client() as client:
+        proxy = await client.service("seen")
+        with tracer.start_as_current_span("job"):
+            got = await proxy.map("half", [2, -1, 4, -3, 6], on_error="return")
+    assert got[::2] == [1, 2, 3]
+    (server,) = [s for s in exported.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert server.attributes is not None
+    assert server.attributes["pairlink.rows"] == 5
+    assert server.attributes["pairlink.rows.failed"] == 2
+    assert server.attributes["rpc.response.status_code"] == 200
 
 
 async def test_outside_any_span_a_client_makes_none(exported: InMemorySpanExporter) -> None:

@@ -271,7 +271,7 @@ def test_encode_request_writes_the_bytes_the_codec_writes(
 ) -> None:
     """Every id type and size (list8 and list32 properties), with and without a deadline, a
     reply-to or headers: the request's bytes are the ``Message``'s, and decode back to it."""
-    args = (b"\x01",) if encoding is Encoding.RAW else ("x",)
+    args = (b"\x01",) if encoding in (Encoding.RAW, Encoding.BATCH) else ("x",)
     options: Any = {"message_id": message_id, "now": NOW, "timeout": timeout}
     expected = request_message("op", args, {}, reply_to=reply_to, encoding=encoding, **options)
     if headers:

@@ -18,7 +18,8 @@ pyproject.toml, checked by ``make lint``):
 * ``pairlink._spark`` (imported only by :mod:`pairlink.spark`) and ``pairlink._cli``.
 """
 
-from pairlink._client.client import Client, ServiceProxy, connect
+from pairlink._client.client import Client, connect
+from pairlink._client.proxy import ServiceProxy
 from pairlink._client.reply import Reply
 from pairlink._config.limits import Limits
 from pairlink._rpc.tracing import TraceContext, current_trace, use_trace

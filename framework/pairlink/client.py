@@ -8,8 +8,9 @@ A client of several replicas reports each as a :class:`Replica` (``Client.replic
 """
 
 from pairlink._amqp.messaging import Header, Message, Properties
-from pairlink._client.client import Client, ServiceProxy, connect
+from pairlink._client.client import Client, connect
 from pairlink._client.health import DRAINING, SERVING, check_health
+from pairlink._client.proxy import ServiceProxy
 from pairlink._client.replicas import Replica
 from pairlink._client.reply import Reply
 

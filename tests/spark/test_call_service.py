@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from pairlink._rpc.batch import DEFAULT_BATCH_ROWS
 from pairlink.spark import ERROR_COLUMN, Progress, call_partitions, call_service
 from tests.spark.recorder import SHAPES, Served, die_once_at, expected
 
@@ -71,7 +72,9 @@ def test_on_error_raise_fails_the_job_with_the_remote_error(spark, recorder: Ser
         score(df, url, key="id").collect()
 
 
-def test_a_task_never_has_more_than_in_flight_calls_outstanding(spark, recorder: Served) -> None:
+def test_a_task_never_has_more_than_in_flight_batches_outstanding(spark, recorder: Served) -> None:
+    """Batches of 10 rows, whose rows run one after another: the handlers running at once for
+    a partition are its batches outstanding."""
     service, url = recorder.service, recorder.url
     df = spark.range(0, 1200, numPartitions=2).selectExpr("spark_partition_id() as part", "id")
     out = call_service(
@@ -82,6 +85,7 @@ def test_a_task_never_has_more_than_in_flight_calls_outstanding(spark, recorder:
         args=["part", "id"],
         result_schema="doubled long",
         in_flight=7,
+        batch_rows=10,
     )
     assert [row.doubled for row in out.collect()] == [2 * i for i in range(1200)]
     assert dict(service.peaks) == {0: 7, 1: 7}  # reached, never passed, by each task
@@ -108,7 +112,9 @@ def test_a_task_killed_mid_partition_is_retried_and_each_key_runs_once(
     assert marker.exists()  # the first attempt died
     assert got == [(i, {"score": expected(i)[0], "label": expected(i)[1]}) for i in range(3000)]
     assert service.runs == dict.fromkeys(range(3000), 1)
-    assert recorder.dedup_hits >= 1000  # the retry sent again what the dead attempt had sent
+    # the retry sent again what the dead attempt had sent: 2 chunks of 1,000 rows at least,
+    # in batches of 256 rows or fewer
+    assert recorder.dedup_hits >= 2 * (1000 // DEFAULT_BATCH_ROWS)
 
 
 def test_a_dataframe_task_killed_mid_partition_is_retried_and_each_key_runs_once(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
@@ -24,10 +24,12 @@ import trio
 
 from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client import client as aio
+from pairlink._client.batches import DEFAULT_IN_FLIGHT, OnError, map_calls, zipped
 from pairlink._client.options import CallOptions, ConnectOptions
 from pairlink._client.reply import Reply
 from pairlink._io.net import redacted
 from pairlink._io.threads import TrioThread, start_trio_thread
+from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 from pairlink._rpc.payload import Encoding
 from pairlink._telemetry.logs import get_logger
 from pairlink.errors import ConnectionLostError
@@ -253,6 +255,34 @@ class ServiceProxy:
             encoding=options.encoding,
             message_id=options.message_id,
             kwargs=kwargs,
+        )
+
+    def map(
+        self,
+        operation: str,
+        /,
+        *iterables: Iterable[Any],
+        in_flight: int = DEFAULT_IN_FLIGHT,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        batch_bytes: int = DEFAULT_BATCH_BYTES,
+        on_error: OnError = "raise",
+    ) -> list[Any]:
+        """The async proxy's ``map``, blocking until every row is answered (the iterables
+        are read from the client's Trio thread)."""
+        options = self.call_options
+        return self.client._run(
+            lambda client: map_calls(
+                client,
+                self.address,
+                operation,
+                zipped(iterables),
+                timeout=options.timeout,
+                message_id=options.message_id,
+                in_flight=in_flight,
+                batch_rows=batch_rows,
+                batch_bytes=batch_bytes,
+                on_error=on_error,
+            )
         )
 
     def __getattr__(self, operation: str) -> Callable[..., Any]:

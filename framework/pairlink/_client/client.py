@@ -22,7 +22,6 @@ is dropped.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import ssl
@@ -36,6 +35,7 @@ from pairlink._amqp.messaging import BodyKind, MessageId
 from pairlink._client.options import CallOptions, ConnectConfig
 from pairlink._client.pairs import CallConnection, CallPair
 from pairlink._client.placement import CONNECTING, LOST, READY, ReplicaState
+from pairlink._client.proxy import ServiceProxy
 from pairlink._client.replicas import (
     RESOLVE_INTERVAL,
     Replica,
@@ -556,63 +556,6 @@ class Client:
             await self._replicas.aclose(CLOSE_WAIT)
         elif self._conn is not None and self._conn.alive:
             await self._conn.amqp.close(grace=CLOSE_WAIT)
-
-
-class ServiceProxy:
-    """Calls to one service: ``await proxy.add(1, 2)`` or ``await proxy.call("add", 1, 2)``.
-
-    Every keyword goes to the operation. The call's options travel apart: set for the
-    proxy (``client.service("calc", timeout=5)``) or for some calls, on a copy:
-    ``await proxy.options(timeout=5, message_id="job-7").add(1, 2)``. The names ``call``,
-    ``options``, ``client``, ``address`` and ``call_options`` are the proxy's own: an
-    operation of one of those names is called as ``proxy.call("options", ...)``.
-    """
-
-    def __init__(self, client: Client, address: str, call_options: CallOptions) -> None:
-        self.client = client
-        self.address = address
-        self.call_options = call_options
-
-    def options(
-        self,
-        *,
-        timeout: float | None = None,
-        encoding: Encoding | None = None,
-        message_id: str | None = None,
-    ) -> ServiceProxy:
-        """A proxy for the same service whose calls have these options (None: this
-        proxy's)."""
-        changed = self.call_options.evolve(timeout, encoding, message_id)
-        return ServiceProxy(self.client, self.address, changed)
-
-    async def call(self, operation: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call ``operation`` with these arguments, all of them the operation's."""
-        options = self.call_options
-        return await self.client._call(
-            self.address,
-            options.timeout,
-            options.encoding,
-            options.message_id,
-            operation,
-            *args,
-            **kwargs,
-        )
-
-    def __getattr__(self, operation: str) -> Callable[..., Awaitable[Any]]:
-        if operation.startswith("_"):
-            raise AttributeError(operation)
-        options = self.call_options  # bound as ``call`` passes them: one coroutine less
-        return functools.partial(
-            self.client._call,
-            self.address,
-            options.timeout,
-            options.encoding,
-            options.message_id,
-            operation,
-        )
-
-    def __repr__(self) -> str:
-        return f"<ServiceProxy {self.address!r} on {self.client.url}>"
 
 
 def _connect_timeout(timeout: float | None, connect_timeout: float | None) -> float:

@@ -17,6 +17,7 @@ from pairlink._io.listener import HANDSHAKE_TIMEOUT
 from pairlink._io.login_throttle import LOGIN_PENALTY, LoginThrottle
 from pairlink._io.net import EngineLimits
 from pairlink._io.writes import MAX_OUTGOING_BYTES
+from pairlink._rpc.batch import MAX_BATCH_ROWS
 
 MAX_LINKS_TOTAL = 65_536
 """Links a server holds at once across all its connections (each costs about 3 KiB, so about
@@ -52,7 +53,8 @@ class Limits:
     ``max_decoded_elements``, ``handle_max``, ``max_links``: the engine's bounds
     (``ConnectionConfig``). ``drain_timeout``: seconds a caller's request link has to answer
     a service's drain before its credit is revoked; ``max_links_total``: links a server holds
-    across all its connections (both for services only).
+    across all its connections; ``max_batch_rows``: rows one batch may carry (the three for
+    services only).
     """
 
     handshake_timeout: float = HANDSHAKE_TIMEOUT
@@ -68,6 +70,7 @@ class Limits:
     max_links: int = MAX_LINKS
     drain_timeout: float = DRAIN_TIMEOUT
     max_links_total: int = MAX_LINKS_TOTAL
+    max_batch_rows: int = MAX_BATCH_ROWS
 
     def engine_options(self) -> EngineLimits:
         """The ``ConnectionConfig`` fields among these (for ``connect`` too)."""

@@ -73,6 +73,7 @@ _LIMIT_COUNTS = {  # key: what it counts, for the messages
     "handle_max": "handles",
     "max_links": "links",
     "max_links_total": "links",
+    "max_batch_rows": "rows",
 }
 
 

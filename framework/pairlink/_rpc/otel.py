@@ -9,7 +9,7 @@ and, without one, makes no span at all.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import Token
 
@@ -36,6 +36,10 @@ from pairlink.errors import RemoteError
 SYSTEM = "pairlink"
 STATUS_CODE = "rpc.response.status_code"
 """The span attribute of the call's status-code (200, 404, 500...)."""
+ROWS = "pairlink.rows"
+"""A batch's span: how many rows it carried."""
+ROWS_FAILED = "pairlink.rows.failed"
+"""A batch's span: how many of its rows failed (a status other than 200)."""
 
 
 def tracer() -> Tracer | None:
@@ -85,7 +89,12 @@ class ServerSpan:
         self._trace.__exit__()
         otel_context.detach(self._token)
 
-    def finish(self, status: int | None) -> None:
+    def finish(self, status: int | None, rows: Sequence[int] = ()) -> None:
+        """End the span with the reply's status; a batch's with its rows' count and how many
+        failed (``rows``: each row's status)."""
+        if rows:
+            self.span.set_attribute(ROWS, len(rows))
+            self.span.set_attribute(ROWS_FAILED, sum(1 for status in rows if status != 200))
         if status is not None:
             self.span.set_attribute(STATUS_CODE, status)
             if status >= 500:

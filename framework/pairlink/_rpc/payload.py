@@ -33,10 +33,14 @@ JSON = "application/json"
 OCTETS = "application/octet-stream"
 ENVELOPE = "application/x-pairlink-call+msgpack"
 """Our client's request body: msgpack ``[args, kwargs]``, unambiguous whatever the arguments."""
+BATCH = "application/x-pairlink-batch+msgpack"
+"""A batch request's body: a msgpack array of rows, each an envelope ``[args, kwargs]``: one
+message for many calls of one operation (:mod:`pairlink._rpc.batch`)."""
 
 
 class Encoding(enum.Enum):
     ENVELOPE = ENVELOPE
+    BATCH = BATCH
     MSGPACK = MSGPACK
     JSON = JSON
     RAW = OCTETS
@@ -167,6 +171,9 @@ def _data_bytes(message: Message) -> bytes:
     raise PayloadError(f"expected a data body, got {message.body_kind}")
 
 
+_MSGPACK_BODIES = frozenset((Encoding.MSGPACK, Encoding.ENVELOPE, Encoding.BATCH))
+
+
 def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[Decoded, Encoding]:
     """The value a message's body carries, and the encoding it came in; ``PayloadError`` for a
     body that is not what it claims or holds more than ``max_elements`` values. An AMQP body
@@ -177,7 +184,7 @@ def decode_value(message: Message, max_elements: int = MAX_ELEMENTS) -> tuple[De
             return [plain(item) for section in message.body for item in section], encoding
         return plain(message.body), encoding
     data = _data_bytes(message)
-    if encoding in (Encoding.MSGPACK, Encoding.ENVELOPE):
+    if encoding in _MSGPACK_BODIES:
         return msgpack_loads(data, max_elements), encoding
     if encoding is Encoding.JSON:
         return _json_loads(data, max_elements), encoding
@@ -212,7 +219,13 @@ def plain(value: Decoded) -> Decoded:
 
 def split_arguments(value: Decoded, encoding: Encoding) -> tuple[list[Decoded], dict[str, Decoded]]:
     """Call arguments from a request value: a list is positional arguments, a map keyword
-    arguments, anything else one positional argument; our envelope says both apart."""
+    arguments, anything else one positional argument; our envelope says both apart. A batch's
+    arguments are its rows, each an envelope (``[args, kwargs]``) as it came: a malformed row
+    fails alone when it runs (:mod:`pairlink._server.batches`)."""
+    if encoding is Encoding.BATCH:
+        if not isinstance(value, list):
+            raise PayloadError("a pairlink batch is an array of rows")
+        return value, {}
     if encoding is Encoding.ENVELOPE:
         if (
             not isinstance(value, list)
@@ -248,7 +261,11 @@ def arguments_value(
     empty list for msgpack and JSON, whose null would be one argument); several as a list. A
     single argument that is itself a list, map or null goes in a list of one, as the reader
     would take it for the arguments themselves. Positional and keyword arguments together have
-    no such form: ``PayloadError`` (a pairlink service reads both from the envelope)."""
+    no such form: ``PayloadError`` (a pairlink service reads both from the envelope). A
+    batch's one argument is its body, packed already (:class:`pairlink._rpc.batch.Rows`)."""
+    if encoding is Encoding.BATCH:
+        (body,) = args
+        return body
     if encoding is Encoding.ENVELOPE:
         return [list(args), kwargs]
     if kwargs:
@@ -289,7 +306,7 @@ def encoded_body(value: object, encoding: Encoding) -> tuple[object, BodyKind, S
             data = json.dumps(value, separators=(",", ":")).encode()
         except (TypeError, ValueError) as exc:
             raise PayloadError(f"cannot encode {type(value).__name__} as JSON: {exc}") from exc
-    elif encoding is Encoding.RAW:
+    elif encoding is Encoding.RAW or encoding is Encoding.BATCH:
         if not isinstance(value, bytes | bytearray | memoryview):
             raise PayloadError(f"a raw body must be bytes, not {type(value).__name__}")
         data = bytes(value)
@@ -299,5 +316,8 @@ def encoded_body(value: object, encoding: Encoding) -> tuple[object, BodyKind, S
 
 
 def reply_encoding(request_encoding: Encoding) -> Encoding:
-    """Replies use the request's encoding; an envelope request gets a plain msgpack value."""
-    return Encoding.MSGPACK if request_encoding is Encoding.ENVELOPE else request_encoding
+    """Replies use the request's encoding; an envelope or batch request gets a plain msgpack
+    value (a batch's: its rows' results)."""
+    if request_encoding is Encoding.ENVELOPE or request_encoding is Encoding.BATCH:
+        return Encoding.MSGPACK
+    return request_encoding

@@ -15,7 +15,7 @@ well (:mod:`pairlink._rpc.spans`); the plain propagation here works without it.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar, Token
 from typing import Protocol
 
@@ -101,7 +101,7 @@ class TraceScope(Protocol):
 
     def __enter__(self) -> object: ...
     def __exit__(self, *exc: object) -> None: ...
-    def finish(self, status: int | None) -> None: ...
+    def finish(self, status: int | None, rows: Sequence[int] = ()) -> None: ...
 
 
 _current: ContextVar[TraceContext | None] = ContextVar("pairlink_trace", default=None)
@@ -129,7 +129,7 @@ class use_trace:  # lower case: used like a function, `with use_trace(ctx):`
     def __exit__(self, *_exc: object) -> None:
         _current.reset(self._token)
 
-    def finish(self, status: int | None) -> None:
+    def finish(self, status: int | None, rows: Sequence[int] = ()) -> None:
         """Nothing to record (the OpenTelemetry span of :mod:`pairlink._rpc.otel` does)."""
 
 

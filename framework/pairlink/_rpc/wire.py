@@ -52,6 +52,7 @@ from pairlink._amqp.messaging import (
 )
 from pairlink._amqp.types import Decoded, Int, Symbol
 from pairlink._rpc.payload import (
+    BATCH,
     ENVELOPE,
     Encoding,
     arguments_value,
@@ -320,12 +321,15 @@ def parse_request(message: Message, *, now: float) -> Request:
 def read_request(payload: bytes) -> Request | None:
     """The request in ``payload`` if our client wrote it as it writes every call (the usual
     layout of :mod:`pairlink._amqp.call_layout`, the operation's application-properties
-    alone, our envelope for a body that holds one), read without building its message; None
+    alone, our envelope or a batch's rows for a body), read without building its message; None
     for anything else, which ``Message.decode`` and :func:`parse_request` read, or refuse, as
     ever. What it returns is what they return for the same bytes: a service reads a request
     per call, and the message most handlers never look at was most of the work."""
     usual = read_usual_request(payload) if type(payload) is bytes else None
-    if usual is None or usual.content_type != ENVELOPE:
+    if usual is None or usual.content_type is None:
+        return None
+    encoding = _USUAL_BODIES.get(usual.content_type)
+    if encoding is None:
         return None
     at = usual.sections + 3  # the application-properties' map
     try:
@@ -339,7 +343,7 @@ def read_request(payload: bytes) -> Request | None:
         if start is None:
             return None
         value = msgpack_loads(payload, MAX_ELEMENTS, start)
-        args, kwargs = split_arguments(value, Encoding.ENVELOPE)
+        args, kwargs = split_arguments(value, encoding)
     except (IndexError, struct.error, PayloadError):
         return None
     deadline = usual.expiry_ms / 1000  # (what the datetime's total_seconds() would give)
@@ -349,11 +353,14 @@ def read_request(payload: bytes) -> Request | None:
         kwargs,
         usual.message_id,
         usual.reply_to,
-        Encoding.ENVELOPE,
+        encoding,
         deadline,
         payload,
     )
 
+
+_USUAL_BODIES = {ENVELOPE: Encoding.ENVELOPE, BATCH: Encoding.BATCH}
+"""The bodies our client writes, by content-type: a call's envelope, a batch's rows."""
 
 _OPERATIONS: dict[bytes, str] = {}
 """The operation named by the bytes of an application-properties map that names only it: a

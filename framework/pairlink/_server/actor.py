@@ -23,6 +23,10 @@ every kind; a service with middleware never takes the fast paths, and one withou
 for it. A call whose request carries a trace (:mod:`pairlink._rpc.tracing`), or every
 call when OpenTelemetry is set up, runs in its span, finished with the reply's status.
 
+A batch (:mod:`pairlink._rpc.batch`) is one call whose rows run in its running slot
+(:mod:`pairlink._server.batches`), each answered on its own in the batch's one reply; a
+vectorised handler (``@handler(batch=True)``) takes a single call as a batch of one.
+
 Duplicates (``@service(dedup_window=...)``): a call with a string message-id that was answered
 within the window gets that answer again without running; one whose first copy is still held
 waits for it (holding its own mailbox slot) and gets the same answer
@@ -53,7 +57,8 @@ from pairlink._amqp.messaging import (
     decode_head,
 )
 from pairlink._config.limits import DRAIN_TIMEOUT
-from pairlink._rpc import deadline, spans, wire
+from pairlink._rpc import batch, deadline, spans, wire
+from pairlink._rpc.payload import Encoding
 from pairlink._rpc.tracing import TRACEPARENT
 from pairlink._rpc.wire import (
     BAD_REQUEST,
@@ -68,6 +73,7 @@ from pairlink._rpc.wire import (
     error_message,
     parse_request,
 )
+from pairlink._server import batches
 from pairlink._server.calls import (
     Answer,
     Arrival,
@@ -81,10 +87,11 @@ from pairlink._server.calls import (
 )
 from pairlink._server.context import Middleware, handling, through
 from pairlink._server.dedup import MAX_ID_LENGTH, DedupStore, ReusedId, digest
+from pairlink._server.disclosure import Disclosure
 from pairlink._server.mailbox import RESERVE_DIVISOR, Caller, CreditedLink, Mailbox
 from pairlink._server.service import Hosted, Operation
 from pairlink._server.threads import Result, ThreadPool
-from pairlink._telemetry.logs import get_logger, new_ref
+from pairlink._telemetry.logs import get_logger
 from pairlink.errors import CallError, PayloadError
 
 log = get_logger("pairlink.service")
@@ -102,18 +109,21 @@ class Actor:
         hosted: Hosted,
         middleware: Sequence[Middleware] = (),
         drain_timeout: float = DRAIN_TIMEOUT,
+        max_batch_rows: int = batch.MAX_BATCH_ROWS,
     ) -> None:
         """``middleware``: the server's, run outside the service's own; ``drain_timeout``: how
-        long a caller's link may ignore a drain before its credit is revoked."""
+        long a caller's link may ignore a drain before its credit is revoked;
+        ``max_batch_rows``: the rows a batch may carry."""
         spec = hosted.spec
         self.instance = hosted.instance
         self.address = spec.address
         self.operations = spec.operations
         self.pairing = spec.pairing
         self.max_concurrency = spec.max_concurrency
-        self.debug_errors = spec.debug_errors
         self.bound = spec.mailbox
+        self.max_batch_rows = max_batch_rows
         self.log = log.bind(service=spec.address)
+        self.disclosure = Disclosure(self.log, spec.debug_errors)
         self.mailbox: Mailbox[Call] = Mailbox(spec.mailbox, drain_timeout)
         self.running = 0
         # running slots kept for callers that run nothing (2 of 64), as the mailbox keeps
@@ -206,15 +216,25 @@ class Actor:
         elif self.stopping:
             answer = Answer(UNAVAILABLE, wire.SHUTTING_DOWN)
             self.respond(Arrival(request, route, origin, delivery), answer)
+        elif request.encoding is Encoding.BATCH and len(request.args) > self.max_batch_rows:
+            why = (
+                f"a batch of {len(request.args)} rows exceeds the service's limit of "
+                f"{self.max_batch_rows} (max_batch_rows)"
+            )
+            self.respond(Arrival(request, route, origin, delivery), Answer(BAD_REQUEST, why))
         else:
-            try:
-                operation.check_arguments(request.args, request.kwargs)
+            try:  # (a batch's rows are checked as they run: a bad row fails alone)
+                if request.encoding is not Encoding.BATCH:
+                    operation.check_arguments(request.args, request.kwargs)
             except TypeError as exc:
                 answer = Answer(BAD_REQUEST, f"{request.operation}: {exc}")
                 self.respond(Arrival(request, route, origin, delivery), answer)
                 return
             args, kwargs = request.args, request.kwargs
             call = Call(request, route, origin, delivery, operation, args, kwargs, self.address)
+            if request.encoding is Encoding.BATCH:
+                call.batched = True
+                call.weight = self.mailbox.weigh(len(args))
             app = request.application_properties
             if self.tracer is not None or TRACEPARENT in app:
                 call.trace_scope = spans.server_scope(
@@ -382,7 +402,7 @@ class Actor:
                 return self._fit(route, request, OK, reply)
             except (PayloadError, TypeError, ValueError, OverflowError) as exc:
                 detail = f"cannot encode the result: {exc}"
-                description, error_type, ref = self._undisclosed(
+                description, error_type, ref = self.disclosure.undisclosed(
                     "reply.unencodable", arrival.origin, request, exc, detail
                 )
                 answer = Answer(INTERNAL_ERROR, description, None, error_type, ref)
@@ -473,6 +493,7 @@ class Actor:
             self.log.info("call.abandoned", **ids, operation=request.operation)
             if call.trace_scope is not None:
                 call.trace_scope.finish(None)
+            self.mailbox.unweigh(call.weight)
             call.origin.release()
             return False
         if request.deadline is not None and request.deadline <= deadline.wall_time():
@@ -515,7 +536,9 @@ class Actor:
         request = call.request
         operation = call.operation
         limit = math.inf
-        if request.deadline is not None:
+        # a batch's rows run each under the deadline (batches.run_rows_async): one cut short
+        # fails alone, the rows answered before it keep their results
+        if request.deadline is not None and not (call.batched and operation.batch == "rows"):
             limit = trio.current_time() + (request.deadline - deadline.wall_time())
         try:
             with (
@@ -560,8 +583,11 @@ class Actor:
 
     def _serve(self, call: Call) -> object:
         """The handler, under the call's deadline and context (in a pool thread, or inline)."""
+        operation = call.operation
         with deadline.serving(call.request.deadline), handling(call):
-            return call.operation.function(self.instance, *call.args, **call.kwargs)
+            if call.batched or operation.batch != "rows":
+                return batches.run(call, self.instance, self.disclosure.row_failure(call))
+            return operation.function(self.instance, *call.args, **call.kwargs)
 
     def _ran(self, call: Call, result: Result[object]) -> None:
         """A thread's call ended (nothing cuts a thread short): its outcome is the answer,
@@ -587,39 +613,8 @@ class Actor:
         return running < self._shared or (running < self.max_concurrency and caller.running == 0)
 
     def _failed(self, call: Call, exc: BaseException) -> None:
-        """A handler raised. The caller learns what the service chose to tell: a
-        ``CallError``'s status and words, or the type and message of a type it exposes (a
-        500); anything else is undisclosed (:meth:`_undisclosed`)."""
-        if isinstance(exc, CallError):
-            self._answer(call, Answer(exc.status, exc.description, error_type=exc.error_type))
-            return
-        if isinstance(exc, call.operation.exposed):
-            self._answer(call, Answer(INTERNAL_ERROR, str(exc), error_type=_type_name(exc)))
-            return
-        description, error_type, ref = self._undisclosed(
-            "call.failed", call.origin, call.request, exc, str(exc)
-        )
-        self._answer(call, Answer(INTERNAL_ERROR, description, error_type=error_type, ref=ref))
-
-    def _undisclosed(
-        self, event: str, origin: Origin, request: Request, exc: BaseException, detail: str
-    ) -> tuple[str, str | None, str]:
-        """An unexpected failure, whose text may hold what must not leave the process (a
-        password in a connection string, an internal host): log it with its traceback under a
-        fresh reference id, and return what the caller gets instead, as (description, error
-        type, ref): "internal error" and the ref, or ``detail`` and the type in debug mode."""
-        ref = new_ref()
-        self.log.error(
-            event,
-            **log_ids(origin, request.message_id),
-            ref=ref,
-            operation=request.operation,
-            error=repr(exc),
-            exc_info=exc,
-        )
-        if self.debug_errors:
-            return detail, _type_name(exc), ref
-        return f"internal error (ref {ref})", None, ref
+        """A handler raised: the call is answered as :mod:`pairlink._server.disclosure` says."""
+        self._answer(call, self.disclosure.failure(call, exc))
 
     def _cut_short(self) -> Answer:
         """Why a running call was cancelled: the shutdown's grace ran out, or its deadline."""
@@ -637,6 +632,14 @@ class Actor:
         whose answer is kept (``proceed()`` gives its middleware nothing)."""
         if call.replay is not None:
             return None
+        if operation.batch != "rows" or call.batched:
+            if operation.mode == "async":
+                return await batches.run_async(
+                    call, self.instance, self.disclosure.row_failure(call)
+                )
+            if operation.mode == "inline":  # only here within middleware: it holds the loop
+                return self._serve(call)
+            return await self._threads.run_sync(functools.partial(self._serve, call))
         if operation.mode == "async":
             return await operation.function(self.instance, *call.args, **call.kwargs)
         if operation.mode == "inline":  # only here within middleware: it holds the loop
@@ -653,8 +656,16 @@ class Actor:
         context = call.context
         if answer.reply_properties is None and context is not None and context.reply_properties:
             answer = attrs.evolve(answer, reply_properties=dict(context.reply_properties))
+        if call.weight:
+            self.mailbox.unweigh(call.weight)
+            call.weight = 0
+        rows: list[list[object]] = []
+        if call.batched and answer.status == OK:
+            rows = answer.value  # type: ignore[assignment]
+            if self.observer is not None:
+                self.observer.rows(call.operation.name, rows)
         if call.trace_scope is not None:
-            call.trace_scope.finish(answer.status)
+            call.trace_scope.finish(answer.status, [row[0] for row in rows])  # type: ignore[misc]
         size = self.respond(call, answer, through=through)
         if call.key is not None and self.dedup is not None:
             for repeat in self.dedup.finish(call.key, answer, trio.current_time(), size):
@@ -682,10 +693,3 @@ class Actor:
         self._take_queued()  # answered 503, not run
         for scope in self._scopes:
             scope.cancel()
-
-
-def _type_name(exc: BaseException) -> str:
-    cls = type(exc)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"

@@ -57,11 +57,13 @@ class Route(Protocol):
 
 
 class CallObserver(Protocol):
-    """Told of each request's arrival and of its answer's status-code (the server's metrics,
+    """Told of each request's arrival and of its answer's status-code, and of the rows'
+    results of each batch answered (the server's metrics,
     :class:`pairlink._server.metrics.CallMetrics`)."""
 
     def arrived(self, delivery: Delivery) -> None: ...
     def answered(self, delivery: Delivery, operation: str, status: int) -> None: ...
+    def rows(self, operation: str, results: list[list[object]]) -> None: ...
 
 
 DedupKey = tuple[Identity, str]
@@ -106,6 +108,8 @@ class Call(Arrival):
     context: CallContext | None = None  # built when its handler first asks (current_call)
     trace_scope: TraceScope | None = None  # its trace, when traced (pairlink._rpc.tracing)
     replay: Answer | None = None  # a repeat's kept answer: given if its middleware lets it
+    batched: bool = False  # a batch (pairlink._rpc.batch): its args are its rows
+    weight: int = 0  # the mailbox slots it holds beside its own, while unanswered (a batch's)
 
     def call_context(self) -> CallContext:
         """The handler's view of this call, built once, on demand: most handlers never ask."""

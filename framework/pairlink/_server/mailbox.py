@@ -53,6 +53,7 @@ from pairlink._amqp.errors import RESOURCE_LIMIT_EXCEEDED
 from pairlink._amqp.link import Link, serial_diff
 from pairlink._amqp.messaging import Error
 from pairlink._config.limits import DRAIN_TIMEOUT
+from pairlink._rpc.batch import ROWS_PER_SLOT
 from pairlink._telemetry.logs import get_logger
 
 log = get_logger("pairlink.service")
@@ -237,6 +238,22 @@ class Mailbox(Generic[CallT]):
             if ledger.draining and not ledger.granted:
                 self._drained(origin)  # the drain is over: all of the credit was used
             self._want(origin)
+
+    def weigh(self, rows: int) -> int:
+        """A batch of ``rows`` arrived: beside its call's slot it holds one more per
+        :data:`~pairlink._rpc.batch.ROWS_PER_SLOT` rows past the first slot's, so the credit
+        still to come counts its rows. Returns those extra slots, for :meth:`unweigh`."""
+        extra = max(0, rows - 1) // ROWS_PER_SLOT
+        self.held += extra
+        if self.held > self.peak:
+            self.peak = self.held
+        return extra
+
+    def unweigh(self, extra: int) -> None:
+        """A batch was answered: the extra slots :meth:`weigh` took are free again."""
+        self.held -= extra
+        self._freed += extra
+        self._replenish()
 
     def flowed(self, origin: CreditedLink) -> None:
         """The sender's flow: answering a drain, it may have given credit back."""

@@ -10,6 +10,7 @@ service's operations, so no caller can grow the label sets without bound.
 
 from __future__ import annotations
 
+import collections
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -59,17 +60,33 @@ LATENCY_BUCKETS = (
 
 class CallMetrics:
     """One service's observer (``Actor.observer``): counts each answer by operation and
-    status, and times it from the request's arrival in the actor."""
+    status, and times it from the request's arrival in the actor; counts each row of a batch
+    answered by its own status (a batch is one call of ``pairlink_calls``)."""
 
-    __slots__ = ("_calls", "_counters", "_latency", "_operations", "_service", "_since", "_timers")
+    __slots__ = (
+        "_calls",
+        "_counters",
+        "_latency",
+        "_operations",
+        "_rows",
+        "_service",
+        "_since",
+        "_timers",
+    )
 
     def __init__(
-        self, service: str, operations: Collection[str], calls: Counter, latency: Histogram
+        self,
+        service: str,
+        operations: Collection[str],
+        calls: Counter,
+        latency: Histogram,
+        rows: Counter,
     ) -> None:
         self._service = service
         self._operations = operations
         self._calls = calls
         self._latency = latency
+        self._rows = rows
         # weak: a request that is never answered (refused, or its caller left) is forgotten
         # with its delivery
         self._since: weakref.WeakKeyDictionary[Delivery, float] = weakref.WeakKeyDictionary()
@@ -78,6 +95,11 @@ class CallMetrics:
 
     def arrived(self, delivery: Delivery) -> None:
         self._since[delivery] = trio.current_time()
+
+    def rows(self, operation: str, results: list[list[object]]) -> None:
+        statuses = collections.Counter(result[0] for result in results)
+        for status, count in statuses.items():
+            self._rows.labels(self._service, operation, str(status)).inc(count)
 
     def answered(self, delivery: Delivery, operation: str, status: int) -> None:
         since = self._since.pop(delivery, None)
@@ -122,8 +144,14 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        rows = client.Counter(
+            "pairlink_rows",
+            "Rows of batches answered, by service, operation and the row's own status-code.",
+            ["service", "operation", "status"],
+            registry=self.registry,
+        )
         for address, actor in actors.items():
-            actor.observer = CallMetrics(address, actor.operations, calls, latency)
+            actor.observer = CallMetrics(address, actor.operations, calls, latency, rows)
 
     def _collect(self) -> Iterator[Metric]:
         yield connections_gauge(self._connections())

@@ -27,6 +27,16 @@ Three kinds of handler, chosen as FastAPI and Starlette users expect:
   (no thread, no task switch) for quick computations; it holds the whole event loop while it
   runs, so it must never block.
 
+Calls may come one to a message or many to a message (a batch, :mod:`pairlink._rpc.batch`:
+``proxy.map``, Spark's ``call_service``). A handler serves both unchanged: a batch runs its
+rows through it one after another, in one running slot, each row's failure its own.
+``@handler(batch=True)`` declares a vectorised handler instead: it takes a whole batch at once,
+each parameter receiving a list (the column of that argument's values, one per row), and
+returns a sequence of as many results, in order (an exception in it fails that row alone);
+``batch="arrow"`` passes each column as a ``pyarrow.Array`` (for ``pyarrow.compute``, or
+``pyarrow.RecordBatch.from_arrays`` to hand a model one table) and takes an Arrow array back
+as well. A single call reaches it as a batch of one.
+
 ``@handler(blocking=True)``, which asked for a thread before that was the default, still works
 and warns (``DeprecationWarning``).
 
@@ -68,6 +78,8 @@ F = TypeVar("F", bound=Callable[..., Any])  # a handler: its arguments and resul
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
 Mode = Literal["async", "thread", "inline"]
+Batch = Literal["rows", "list", "arrow"]
+"""How a handler takes a batch: row by row (a plain handler), or whole, as lists or Arrow."""
 ExceptionTypes = tuple[type[Exception], ...]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -80,6 +92,7 @@ class _Mark:
     name: str | None
     inline: bool
     expose: ExceptionTypes = ()
+    batch: Batch = "rows"
 
 
 @attrs.frozen
@@ -99,10 +112,17 @@ class Operation:
     max_positional: int | None  # None: takes *args
     simple: bool  # no keyword-only parameter without a default: positional counts suffice
     exposed: ExceptionTypes = ()  # raised, these reach the caller with type and message
+    batch: Batch = "rows"
+    parameters: tuple[str, ...] = ()  # the names of its parameters (a vectorised handler's columns)
 
     @classmethod
     def of(
-        cls, name: str, function: Callable[..., Any], mode: Mode, exposed: ExceptionTypes = ()
+        cls,
+        name: str,
+        function: Callable[..., Any],
+        mode: Mode,
+        exposed: ExceptionTypes = (),
+        batch: Batch = "rows",
     ) -> Operation:
         params = list(inspect.signature(function).parameters.values())[1:]
         positional = [p for p in params if p.kind in _POSITIONAL]
@@ -118,6 +138,8 @@ class Operation:
             None if varargs else len(positional),
             not required_keywords,
             exposed,
+            batch,
+            tuple(p.name for p in params),
         )
 
     def check_arguments(self, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -171,6 +193,7 @@ def handler(
     inline: bool = False,
     blocking: bool = False,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
+    batch: bool | Literal["arrow"] = False,
 ) -> Callable[[F], F]: ...
 
 
@@ -181,6 +204,7 @@ def handler(
     inline: bool = False,
     blocking: bool = False,
     expose_errors: type[Exception] | Iterable[type[Exception]] = (),
+    batch: bool | Literal["arrow"] = False,
 ) -> object:
     """Mark a method as an operation: ``@handler``, ``@handler("name")``,
     ``@handler(inline=True)`` (a plain ``def`` run on the event loop, not in a thread).
@@ -188,6 +212,8 @@ def handler(
     ``expose_errors``: exception types (subclasses included, as in ``except``) this handler
     raises on purpose, added to its service's: the caller gets their type and message in a
     500. Any other exception's text stays in the server's log (see the module's docstring).
+    ``batch=True``: a vectorised handler, called with a whole batch's columns (lists);
+    ``batch="arrow"``: with a ``pyarrow.Array`` per column (see the module's docstring).
     ``blocking=True`` is deprecated: a plain ``def`` runs in a thread without it."""
     if callable(target) or isinstance(target, staticmethod | classmethod):
         return _mark(target, None, inline=False)
@@ -197,6 +223,9 @@ def handler(
         raise ValueError("@handler: the operation name must not be empty")
     where = f"@handler({target!r})" if target else "@handler"
     expose = _exception_types(where, expose_errors)
+    if batch not in (False, True, "arrow"):
+        raise TypeError(f'{where}: batch takes True, False or "arrow", not {batch!r}')
+    kind: Batch = "arrow" if batch == "arrow" else "list" if batch else "rows"
     if blocking:
         if inline:
             raise TypeError(f"{where}: inline=True and blocking=True contradict each other")
@@ -213,7 +242,7 @@ def handler(
                 f"handler {function.__qualname__} is async: blocking=True was for plain def "
                 "functions, run in a thread"
             )
-        return _mark(function, target, inline=bool(inline), expose=expose)
+        return _mark(function, target, inline=bool(inline), expose=expose, batch=kind)
 
     return decorate
 
@@ -232,7 +261,14 @@ def _exception_types(where: str, value: object) -> ExceptionTypes:
     return cast(ExceptionTypes, items)
 
 
-def _mark(function: T, name: str | None, *, inline: bool, expose: ExceptionTypes = ()) -> T:
+def _mark(
+    function: T,
+    name: str | None,
+    *,
+    inline: bool,
+    expose: ExceptionTypes = (),
+    batch: Batch = "rows",
+) -> T:
     if isinstance(function, staticmethod | classmethod):
         kind = type(function).__name__
         raise TypeError(
@@ -258,7 +294,12 @@ def _mark(function: T, name: str | None, *, inline: bool, expose: ExceptionTypes
             f"handler {where} is async: inline=True is for plain def functions "
             "(an async def always runs on the event loop)"
         )
-    setattr(function, _HANDLER, _Mark(name, inline, expose))
+    if batch != "rows" and any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        raise TypeError(
+            f"handler {where}: a batch handler takes one column per named parameter, "
+            "not *args or **kwargs"
+        )
+    setattr(function, _HANDLER, _Mark(name, inline, expose, batch))
     return function
 
 
@@ -375,7 +416,7 @@ def _collect_operations(cls: type, expose: ExceptionTypes) -> dict[str, Operatio
             mode: Mode = "async"
         else:
             mode = "inline" if mark.inline else "thread"
-        operations[name] = Operation.of(name, function, mode, expose + mark.expose)
+        operations[name] = Operation.of(name, function, mode, expose + mark.expose, mark.batch)
     if not operations:
         raise TypeError(f"@service {cls.__qualname__} has no @handler methods")
     return operations

@@ -17,15 +17,17 @@ import trio
 from pairlink._amqp.errors import DETACH_FORCED
 from pairlink._amqp.link import Link, LinkState
 from pairlink._amqp.messaging import Error
-from pairlink._client.client import Client, ServiceProxy
+from pairlink._client.client import Client
 from pairlink._client.client import connect as connect_client
 from pairlink._client.health import DRAINING, HEALTH
+from pairlink._client.proxy import ServiceProxy
 from pairlink._config.limits import DRAIN_TIMEOUT, MAX_LINKS_TOTAL, Limits, ListenLimits
 from pairlink._io.connection import AmqpConnection
 from pairlink._io.listener import Listener
 from pairlink._io.listener import listen as listen_amqp
 from pairlink._io.net import AmqpUrl, Connector, EngineOptions
 from pairlink._io.taskgroups import lone_errors_unwrapped
+from pairlink._rpc.batch import MAX_BATCH_ROWS
 from pairlink._rpc.linkpair import LINK_PAIR_V1_0
 from pairlink._rpc.wire import CALL_ENVELOPE, SERVER_SHUTTING_DOWN
 from pairlink._server.actor import Actor
@@ -75,6 +77,7 @@ class Server:
         middleware: Sequence[Middleware] = (),
         drain_timeout: float = DRAIN_TIMEOUT,
         max_links_total: int = MAX_LINKS_TOTAL,
+        max_batch_rows: int = MAX_BATCH_ROWS,
         vouching_users: Collection[str] = (),
     ) -> None:
         self.hosted = list(hosted)
@@ -83,7 +86,7 @@ class Server:
             if item.address in actors:
                 raise ValueError(f"two services at the address {item.address!r}")
             # not the health's middleware: probes pass
-            actors[item.address] = Actor(item, middleware, drain_timeout)
+            actors[item.address] = Actor(item, middleware, drain_timeout, max_batch_rows)
         if HEALTH in actors:
             raise ValueError(f"{HEALTH!r} is the address of the server's own health service")
         self.health = Health({address: actor.mailbox for address, actor in actors.items()})
@@ -371,6 +374,7 @@ async def open_server(
         listen_options={**bounds.listen_options(), **options},
         drain_timeout=bounds.drain_timeout,
         max_links_total=bounds.max_links_total,
+        max_batch_rows=bounds.max_batch_rows,
         metrics_listen=metrics_listen,
         middleware=check_middleware("open_server", middleware),
         vouching_users=_names("vouching_users", vouching_users),

@@ -84,16 +84,21 @@ def result_arrays(
     ``row_name(i)`` names row ``i`` in messages; it is only called for a row that failed."""
     names = [column.name for column in columns]
     problems: dict[int, str] = {}
-    fields: list[Sequence[object] | None] = []
-    for index, reply in enumerate(replies):
-        try:
-            fields.append(None if errors[index] is not None else result_fields(reply, names))
-        except (ValueError, TypeError) as exc:
-            problems[index] = str(exc)
-            fields.append(None)
+    by_column = _dict_columns(replies, names, errors)
+    if by_column is None:
+        fields: list[Sequence[object] | None] = []
+        for index, reply in enumerate(replies):
+            try:
+                fields.append(None if errors[index] is not None else result_fields(reply, names))
+            except (ValueError, TypeError) as exc:
+                problems[index] = str(exc)
+                fields.append(None)
+        by_column = [
+            [None if row is None else row[position] for row in fields]
+            for position in range(len(columns))
+        ]
     arrays = []
-    for position, column in enumerate(columns):
-        values = [None if row is None else row[position] for row in fields]
+    for column, values in zip(columns, by_column, strict=True):
         try:
             arrays.append(_array(values, column.arrow))
         except _ARROW_ERRORS:
@@ -106,11 +111,24 @@ def result_arrays(
         raise ValueError(f"{row_name(first)}: {problems[first]}")
     for index, problem in problems.items():
         errors[index] = f"{row_name(index)}: {problem}"
-        fields[index] = None
     return [
-        _array([None if row is None else row[position] for row in fields], column.arrow)
-        for position, column in enumerate(columns)
+        _array([None if i in problems else value for i, value in enumerate(values)], column.arrow)
+        for column, values in zip(columns, by_column, strict=True)
     ]
+
+
+def _dict_columns(
+    replies: Sequence[object], names: Sequence[str], errors: Sequence[str | None]
+) -> list[list[object]] | None:
+    """The usual chunk's result columns, read column by column: every row answered with a
+    dict that has every field. None for any other chunk, which is read row by row (where a
+    row that does not fit is found and named)."""
+    if any(error is not None for error in errors):
+        return None
+    try:
+        return [[reply[name] for reply in replies] for name in names]  # type: ignore[index]
+    except (KeyError, TypeError, IndexError):
+        return None
 
 
 def _find_misfits(column: Column, values: list[object], problems: dict[int, str]) -> bool:

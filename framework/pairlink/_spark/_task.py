@@ -5,14 +5,19 @@ an iterator and want one back), and the generator must yield its results from th
 called it. Trio therefore runs in a thread of its own for the task's lifetime (``trio.run`` per
 task, so nothing is left behind when a task fails or the worker is reused): it reads the input
 chunks (Arrow batches, or slices of an RDD partition) from a helper thread, calls the service
-for every row with at most ``in_flight`` calls outstanding, and hands each chunk back, in input
-order, once all its rows are answered. The generator only waits for finished chunks; at most
+for the rows of each chunk in batches (:mod:`pairlink._rpc.batch`: ``batch_rows`` rows or
+``batch_bytes`` bytes to a message, each row answered on its own) with at most ``in_flight``
+messages outstanding, and hands each chunk back, in input order, once all its rows are
+answered. The generator only waits for finished chunks; at most
 ``CHUNKS_AHEAD`` chunks are in progress, so a partition is never gathered whole.
 
 The client is made here, inside the task, never shipped from the driver: Python workers fork,
 and a connection belongs to one process. A lost connection is re-established with backoff (the
-client's ``reconnect``) and each unanswered call is sent again with the same message-id, so a
-deduplicating service answers a call that did run from its store instead of running it twice.
+client's ``reconnect``) and each unanswered batch is sent again with the same message-id, so a
+deduplicating service answers a batch that did run from its store instead of running it twice.
+A batch's id derives from its rows' keys (:func:`batch_id`), and a chunk's rows are cut into
+the same batches whenever they are read (:func:`pairlink._rpc.batch.packed`): a retried task's
+batches have the ids of the first attempt's.
 Given several replicas, the one client holds a connection to each and places every call on the
 ready one with the most free credit; a call lost with its replica is sent again, with its id,
 to a replica that is ready (README, "Replicas: one client, several service processes").
@@ -21,16 +26,19 @@ to a replica that is ready (README, "Replicas: one client, several service proce
 from __future__ import annotations
 
 import functools
+import hashlib
 import uuid
-from collections.abc import Callable, Generator, Sequence
-from typing import Generic, Literal, TypeVar
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Generic, Literal, TypeVar, cast
 
 import attrs
 import trio
 
+from pairlink._client.batches import call_batch
 from pairlink._client.client import Client, connect
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._io.threads import start_trio_thread
+from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, Row, Rows, packed
 from pairlink._spark._reporter import Counts, report
 from pairlink._spark._tls import Security
 from pairlink._spark._urls import described, scrubbed
@@ -62,6 +70,9 @@ class Plan:
     connect_timeout: float
     progress_url: str | None = None
     security: Security = attrs.field(factory=Security)
+    batch_rows: int = DEFAULT_BATCH_ROWS
+    """Rows to a message at most (1: each row a call of its own)."""
+    batch_bytes: int = DEFAULT_BATCH_BYTES
 
 
 @attrs.define(eq=False)
@@ -150,9 +161,11 @@ class _Calls(Generic[P]):
                     await pending_send.send(chunk)
                     if not chunk.args:
                         chunk.done.set()
-                    for index in range(len(chunk.args)):
+                    start = 0
+                    for rows in self._batches(chunk):
                         await limiter.acquire()
-                        nursery.start_soon(self._one, client, chunk, index, limiter)
+                        nursery.start_soon(self._batch, client, chunk, start, rows, limiter)
+                        start += rows.count
 
     async def _emit(
         self, pending: trio.MemoryReceiveChannel[Chunk[P]], emitted: trio.Event
@@ -164,40 +177,78 @@ class _Calls(Generic[P]):
                 await self.out_send.send(chunk)
         emitted.set()
 
-    async def _one(
-        self, client: Client, chunk: Chunk[P], index: int, limiter: trio.Semaphore
+    def _batches(self, chunk: Chunk[P]) -> list[Rows]:
+        """A chunk's rows as the batches to send (batches of one: the rows' own calls)."""
+        if self.plan.batch_rows == 1:
+            return [_ONE] * len(chunk.args)
+        rows: Iterator[Row] = ((args, {}) for args in chunk.args)
+        return list(packed(rows, self.plan.batch_rows, self.plan.batch_bytes))
+
+    async def _batch(
+        self, client: Client, chunk: Chunk[P], start: int, rows: Rows, limiter: trio.Semaphore
     ) -> None:
+        """The call of the rows from ``start`` of ``chunk`` (``rows``, packed), their
+        results put in place."""
+        end = start + rows.count
+        if chunk.ids is not None:
+            message_id = batch_id(self.plan.run_id, chunk.ids[start:end])
+        else:
+            self.sequence += 1
+            message_id = f"{self.prefix}{self.sequence}"
         try:
-            if chunk.ids is not None:
-                message_id = chunk.ids[index]
+            if rows is _ONE:
+                try:
+                    values: list[object] = [
+                        await self._call(client, message_id, args=chunk.args[start])
+                    ]
+                except RemoteError as exc:
+                    values = [exc]
             else:
-                self.sequence += 1
-                message_id = f"{self.prefix}{self.sequence}"
-            chunk.values[index] = await self._call(client, chunk.args[index], message_id)
-        except RemoteError as exc:
-            if self.plan.on_error == "raise":
-                self._fail(exc)
-                return
-            chunk.errors[index] = str(exc)
-            self.counts.errors += 1
+                values = cast(list[object], await self._call(client, message_id, rows=rows))
         except Exception as exc:  # no answer at all: the task fails (and Spark retries it)
             self._fail(exc)
             return
         finally:
             limiter.release()
-        self.counts.rows += 1
-        chunk.left -= 1
+        for index, value in enumerate(values, start):
+            if isinstance(value, RemoteError):
+                if self.plan.on_error == "raise":
+                    self._fail(value)
+                    return
+                chunk.errors[index] = str(value)
+                self.counts.errors += 1
+            else:
+                chunk.values[index] = value
+        self.counts.rows += rows.count
+        chunk.left -= rows.count
         if chunk.left == 0:
             chunk.done.set()
 
-    async def _call(self, client: Client, args: tuple[object, ...], message_id: str) -> object:
-        """One row's call; after a lost connection, the same call again (same message-id)
-        on the client's next connection, until the row's ``timeout`` has passed."""
+    async def _call(
+        self,
+        client: Client,
+        message_id: str,
+        *,
+        args: tuple[object, ...] = (),
+        rows: Rows | None = None,
+    ) -> object:
+        """A row's call (``args``) or a batch's (``rows``: each row's value or error);
+        after a lost connection, the same again (same message-id) on the client's next
+        connection, until its ``timeout`` has passed."""
         plan = self.plan
         deadline = trio.current_time() + plan.timeout
         while True:
             left = deadline - trio.current_time()
             try:
+                if rows is not None:
+                    return await call_batch(
+                        client,
+                        plan.address,
+                        plan.operation,
+                        rows,
+                        timeout=left,
+                        message_id=message_id,
+                    )
                 return await client.call(
                     plan.address, plan.operation, *args, timeout=left, message_id=message_id
                 )
@@ -235,6 +286,20 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chu
         thread.join()  # raises the task's failure
     except PairlinkError as exc:  # Spark prints the traceback: ours is no news to its reader
         raise exc.with_traceback(None) from None
+
+
+_ONE = Rows(b"", 1)
+"""A batch of one row, sent as the row's own call (``batch_rows=1``)."""
+
+
+def batch_id(run_id: str, ids: Sequence[str]) -> str:
+    """The message-id of a batch of rows of these ids: the row's own for one row, else the
+    run's and a digest of them all (the same rows, the same id, however long their keys: a
+    dedup store keeps ids up to 256 characters)."""
+    if len(ids) == 1:
+        return ids[0]
+    digest = hashlib.blake2b("\0".join(ids).encode(), digest_size=16).hexdigest()
+    return f"{run_id}:batch:{digest}"
 
 
 def message_ids(run_id: str, keys: Sequence[object], column: str) -> list[str]:

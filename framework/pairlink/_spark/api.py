@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
+from pairlink._client.batches import check_batching
+from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 from pairlink._spark._results import Column, result_arrays
 from pairlink._spark._task import Chunk, OnError, Plan, message_ids, run_task
 from pairlink._spark._tls import security
@@ -130,6 +132,8 @@ def call_service(
     client_cert: str | os.PathLike[str] | None = None,
     client_key: str | os.PathLike[str] | None = None,
     sasl: bool | str = True,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> DataFrame:
     """``df`` with the reply to one call per row as new columns (lazy, like any transformation).
 
@@ -148,22 +152,27 @@ def call_service(
     partition), the column and the value, handled as ``on_error`` says. Rows keep their
     order; the input columns come through unchanged.
 
-    ``key``: a column whose value identifies the row; the call's message-id is then
-    ``<run_id>:<key>``, the same when Spark retries the task, so a service with
-    ``dedup_window`` runs each key's handler once (in each replica's process: README, "Exactly
+    ``key``: a column whose value identifies the row; a batch's message-id is then
+    ``<run_id>:batch:<digest of its rows' keys>`` (a single row's: ``<run_id>:<key>``), the
+    same when Spark retries the task (the same rows make the same batches), so a service
+    with ``dedup_window`` runs each key's handler once (in each replica's process: README, "Exactly
     once across replicas"). ``run_id`` (default: a new id per
     ``call_service`` call) scopes the keys: retries and recomputations of this DataFrame share
     it, another ``call_service`` does not. Without ``key`` every task attempt numbers its
     calls afresh (resends after a lost connection still reuse their ids).
 
-    ``in_flight``: calls a task has outstanding at most. ``timeout``: seconds a row may take,
-    resends after a lost connection included. ``on_error="raise"`` fails the task with the
-    service's error (a ``RemoteError`` naming its status, type and message) or a reply's
-    (a ``ValueError``); ``"column"`` puts it in a string column ``_error`` (null when the row
-    succeeded) with null results.
-    Either way a call that gets no answer at all (the service unreachable, the row's timeout
-    passed) fails the task, which Spark may retry. ``progress``: report rows to that
-    :class:`~pairlink.spark.Progress`.
+    Rows go in batches, many to a message: up to ``batch_rows`` rows (default 256) or
+    ``batch_bytes`` bytes of arguments (256 KiB), whichever fills first, cut within each Arrow
+    batch; the service runs its handler for each row (or a ``@handler(batch=True)`` once per
+    batch) and answers each row on its own. ``batch_rows=1``: each row a call of its own.
+    ``in_flight``: messages (batches) a task has outstanding at most. ``timeout``: seconds a
+    batch may take, resends after a lost connection included. ``on_error="raise"`` fails the
+    task with the failed row's error (a ``RemoteError`` naming its status, type and message)
+    or a reply's (a ``ValueError``); ``"column"`` puts it in a string column ``_error`` (null
+    when the row succeeded) with null results: a failing row fails alone, its batch's other
+    rows keep their results. Either way a batch that gets no answer at all (the service
+    unreachable, its timeout passed) fails the task, which Spark may retry. ``progress``:
+    report rows to that :class:`~pairlink.spark.Progress`.
 
     ``amqps://`` URLs: ``ca`` is a PEM file of the CAs to trust (default: the system's);
     ``client_cert`` and ``client_key`` PEM files of a client certificate (mutual TLS, and
@@ -189,7 +198,14 @@ def call_service(
         fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
     plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
     secured = security(ca, client_cert, client_key, sasl)
-    plan = attrs.evolve(plan, connect_timeout=connect_timeout, security=secured)
+    check_batching(in_flight, batch_rows, batch_bytes)
+    plan = attrs.evolve(
+        plan,
+        connect_timeout=connect_timeout,
+        security=secured,
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
+    )
     spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
     return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
 
@@ -212,6 +228,8 @@ def call_partitions(
     client_cert: str | os.PathLike[str] | None = None,
     client_key: str | os.PathLike[str] | None = None,
     sasl: bool | str = True,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> RDD[tuple[object, ...]]:
     """The RDD form of :func:`call_service`: ``(row, reply)`` for every row, in order
     (``(row, reply, error)`` with ``on_error="column"``). ``args(row)`` gives the call's
@@ -221,7 +239,14 @@ def call_partitions(
     urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
     plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
     secured = security(ca, client_cert, client_key, sasl)
-    plan = attrs.evolve(plan, connect_timeout=connect_timeout, security=secured)
+    check_batching(in_flight, batch_rows, batch_bytes)
+    plan = attrs.evolve(
+        plan,
+        connect_timeout=connect_timeout,
+        security=secured,
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
+    )
     task = functools.partial(_map_rows, plan, args, key)
     return rdd.mapPartitions(task, preservesPartitioning=True)
 
