@@ -7,6 +7,7 @@ import functools
 import re
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -48,6 +49,19 @@ def reviews(spark: SparkSession) -> Iterator[str]:
     spark.catalog.dropTempView("reviews")
 
 
+def register_score(spark: SparkSession, recorder: Served, **options: Any) -> Any:
+    """``score(id, text)``: the recorder's ``score`` as a SQL function of its struct reply."""
+    return register_function(
+        spark,
+        "score",
+        url=recorder.url,
+        address="recorder",
+        operation="score",
+        returns="score double, label string",
+        **options,
+    )
+
+
 def test_a_one_argument_function_answers_every_row_on_one_connection_per_task(
     spark: SparkSession, texts: tuple[Texts, str], reviews: str
 ) -> None:
@@ -68,15 +82,7 @@ def test_a_struct_function_of_two_arguments_gives_each_row_its_reply(
     spark.range(3000, numPartitions=3).selectExpr(
         "id", "concat('row ', id) as text"
     ).createOrReplaceTempView("plain")
-    score = register_function(
-        spark,
-        "score",
-        url=recorder.url,
-        address="recorder",
-        operation="score",
-        returns="score double, label string",
-        in_flight=32,
-    )
+    score = register_score(spark, recorder, in_flight=32)
     got = spark.sql("SELECT id, score(id, text) AS s FROM plain").collect()
     assert [(r.id, r.s.score, r.s.label) for r in got] == [(i, *expected(i)) for i in range(3000)]
     assert recorder.service.runs == dict.fromkeys(range(3000), 1)
@@ -89,14 +95,7 @@ def test_a_struct_function_of_two_arguments_gives_each_row_its_reply(
 def test_a_failing_row_fails_the_query_with_the_remote_error(
     spark: SparkSession, recorder: Served, reviews: str
 ) -> None:
-    register_function(
-        spark,
-        "score",
-        url=recorder.url,
-        address="recorder",
-        operation="score",
-        returns="score double, label string",
-    )
+    register_score(spark, recorder)
     with pytest.raises(Exception, match=r"RemoteError: \[500\] ValueError: boom at \d+"):
         spark.sql("SELECT score(id, text) FROM reviews").collect()
 
@@ -104,15 +103,7 @@ def test_a_failing_row_fails_the_query_with_the_remote_error(
 def test_on_error_column_returns_the_result_and_the_error_of_each_row(
     spark: SparkSession, recorder: Served, reviews: str
 ) -> None:
-    register_function(
-        spark,
-        "score",
-        url=recorder.url,
-        address="recorder",
-        operation="score",
-        returns="score double, label string",
-        on_error="column",
-    )
+    register_score(spark, recorder, on_error="column")
     got = spark.sql(
         f"SELECT id, s.* FROM (SELECT id, score(id, text) AS s FROM {reviews})"
     ).collect()
