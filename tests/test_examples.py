@@ -40,13 +40,10 @@ async def test_the_calculator_answers_in_memory() -> None:
         assert (caught.value.status, caught.value.type) == (500, "ZeroDivisionError")
 
 
-@pytest.mark.spark
-@pytest.mark.timeout(240)
-def test_the_demo_enriches_through_the_gateway_chain() -> None:
-    """``make demo`` on 3,000 rows: Spark, the org chain (three processes), the progress
-    bar; it exits 0 only if every row came back without error."""
+def run_spark_example(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the checkout, which must exit 0 within 220 s."""
     done = subprocess.run(
-        [sys.executable, "-m", "examples.spark_enrich", "--rows", "3000", "--partitions", "2"],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -54,6 +51,29 @@ def test_the_demo_enriches_through_the_gateway_chain() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_the_demo_enriches_through_the_gateway_chain() -> None:
+    """``make demo`` on 3,000 rows: Spark, the org chain (three processes), the progress
+    bar; it exits 0 only if every row came back without error."""
+    done = run_spark_example("examples.spark_enrich", "--rows", "3000", "--partitions", "2")
     assert "calling the enrichment service through gateways GN -> GO -> CO" in done.stdout
     assert "enriched 3,000 rows in" in done.stdout and "(0 errors)" in done.stdout
     assert "3,000/3,000 rows" in done.stderr  # the progress bar, row-level
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_the_streaming_example_restarts_its_query_without_repeating_an_effect() -> None:
+    """``examples.spark_stream`` on 2,000 rows: stopped in batch 1, restarted, each row run
+    once; it exits 0 only if the output holds every row once and the service ran each once."""
+    done = run_spark_example("examples.spark_stream", "--rows", "2000")
+    assert done.stdout.splitlines() == [
+        "the query stopped in batch 1 after its calls and its write, before its commit",
+        "before the restart: the service ran 1,000 calls",
+        "after the restart from the checkpoint: 2,000 rows written (2,000 distinct ids) of 2,000;"
+        " the service ran 2,000 calls and answered 500 repeats from its dedup store",
+    ]

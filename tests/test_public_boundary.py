@@ -102,6 +102,7 @@ PUBLIC: dict[str, set[str]] = {
         "call_partitions",
         "call_service",
         "local_session",
+        "register_function",
         "serve_in_thread",
     },
     "pairlink.testing": {"connect_in_memory", "serve_in_memory", "wall_clock"},

@@ -18,6 +18,7 @@ imports this module.
 from pairlink._spark.api import ERROR_COLUMN, call_partitions, call_service, local_session
 from pairlink._spark.background import serve_in_thread
 from pairlink._spark.progress import Progress
+from pairlink._spark.sql import register_function
 
 __all__ = [
     "ERROR_COLUMN",
@@ -25,5 +26,6 @@ __all__ = [
     "call_partitions",
     "call_service",
     "local_session",
+    "register_function",
     "serve_in_thread",
 ]

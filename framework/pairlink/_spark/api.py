@@ -349,11 +349,16 @@ def _row_name(key: str | None, batch: pa.RecordBatch, rows_before: int, index: i
     """A row for an error message: its key, else its position in its partition."""
     if key is not None:
         return f"row {key}={batch.column(key)[index].as_py()!r}"
+    return row_position(rows_before + index)
+
+
+def row_position(index: int) -> str:
+    """A row without a key, for an error message: its position in its task's partition."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     partition = f" of partition {context.partitionId()}" if context is not None else ""
-    return f"row #{rows_before + index}{partition}"
+    return f"row #{index}{partition}"
 
 
 def _map_rows(
