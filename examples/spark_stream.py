@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             py4j.disabled = False
             spark.sparkContext.setLogLevel("ERROR")
-        print(f"before the restart: the service ran {service.scored:,} calls")
+        print(f"before the restart: the service ran {service.scored:,} rows")
         run_query(spark, work, server.url, stop_in=None)
         dedup = server.actors["enrich"].dedup
         assert dedup is not None  # Enrich declares dedup_window
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"after the restart from the checkpoint: {written:,} rows written "
             f"({distinct:,} distinct ids) of {args.rows:,}; the service ran {service.scored:,} "
-            f"calls and answered {dedup.hits:,} repeats from its dedup store"
+            f"rows and answered {dedup.hits:,} repeated messages (batches of rows) from its "
+            "dedup store"
         )
     spark.stop()
     return 0 if written == distinct == args.rows == service.scored else 1

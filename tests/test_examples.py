@@ -73,7 +73,8 @@ def test_the_streaming_example_restarts_its_query_without_repeating_an_effect() 
     done = run_spark_example("examples.spark_stream", "--rows", "2000")
     assert done.stdout.splitlines() == [
         "the query stopped in batch 1 after its calls and its write, before its commit",
-        "before the restart: the service ran 1,000 calls",
+        "before the restart: the service ran 1,000 rows",
         "after the restart from the checkpoint: 2,000 rows written (2,000 distinct ids) of 2,000;"
-        " the service ran 2,000 calls and answered 500 repeats from its dedup store",
+        " the service ran 2,000 rows and answered 2 repeated messages (batches of rows) from its"
+        " dedup store",
     ]

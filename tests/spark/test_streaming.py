@@ -5,6 +5,7 @@ restarted from its checkpoint."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from pairlink._rpc.batch import DEFAULT_BATCH_ROWS
 from tests.spark.recorder import Served, expected
 from tests.spark.test_call_service import score
 
@@ -122,7 +124,8 @@ def test_the_foreach_batch_recipe_restarted_from_its_checkpoint_repeats_no_effec
     ids it sent before, and the service answers them from its dedup store."""
     stopped_and_restarted(spark, recorder, tmp_path, lambda batch_id: f"reviews:{batch_id}")
     assert recorder.service.runs == dict.fromkeys(range(ROWS), 1)
-    assert recorder.dedup_hits == ROWS_PER_FILE  # batch STOP_AT's calls, answered from store
+    # batch STOP_AT's calls, answered from the store: its rows, 256 to a message
+    assert recorder.dedup_hits == math.ceil(ROWS_PER_FILE / DEFAULT_BATCH_ROWS)
     got = spark.read.parquet(str(tmp_path / "out")).orderBy("id").collect()
     assert [(r.id, r.text, r.score, r.label, r.batch_id) for r in got] == [
         (i, f"row {i}", *expected(i), i // ROWS_PER_FILE) for i in range(ROWS)

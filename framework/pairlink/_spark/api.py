@@ -99,12 +99,10 @@ def _master(requested: str | None) -> str:
 
 
 def _checked(
-    url: str | Sequence[str], in_flight: int, timeout: float, on_error: str, connect_timeout: float
+    url: str | Sequence[str], timeout: float, on_error: str, connect_timeout: float
 ) -> str | tuple[str, ...]:
-    """The endpoints, once every argument is checked."""
+    """The endpoints, once the times and ``on_error`` are checked too."""
     urls = endpoints(url)
-    if not isinstance(in_flight, int) or in_flight < 1:
-        raise ValueError("in_flight must be an int >= 1")
     for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
         if not 0 < value < float("inf"):
             raise ValueError(f"{name} must be a finite number of seconds > 0")
@@ -182,7 +180,23 @@ def call_service(
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
-    urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
+    plan = _plan(
+        url,
+        address,
+        operation,
+        in_flight=in_flight,
+        timeout=timeout,
+        on_error=on_error,
+        run_id=run_id,
+        progress=progress,
+        connect_timeout=connect_timeout,
+        ca=ca,
+        client_cert=client_cert,
+        client_key=client_key,
+        sasl=sasl,
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
+    )
     result = _result_struct(df, result_schema)
     columns = set(df.columns)
     missing = [c for c in [*args, *([key] if key else [])] if c not in columns]
@@ -196,16 +210,6 @@ def call_service(
     fields += [StructField(f.name, f.dataType, nullable=True) for f in result.fields]
     if on_error == "column":
         fields.append(StructField(ERROR_COLUMN, StringType(), nullable=True))
-    plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
-    secured = security(ca, client_cert, client_key, sasl)
-    check_batching(in_flight, batch_rows, batch_bytes)
-    plan = attrs.evolve(
-        plan,
-        connect_timeout=connect_timeout,
-        security=secured,
-        batch_rows=batch_rows,
-        batch_bytes=batch_bytes,
-    )
     spec = _ArrowPlan(plan, tuple(args), key, _columns(result))
     return df.mapInArrow(functools.partial(_map_batches, spec), StructType(fields))
 
@@ -236,14 +240,20 @@ def call_partitions(
     positional arguments (default: the row itself if it is a tuple or list, else the row as
     the one argument); ``key(row)`` the row's stable key. Other parameters as for
     ``call_service``."""
-    urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
-    plan = _plan(urls, address, operation, in_flight, timeout, on_error, run_id, progress)
-    secured = security(ca, client_cert, client_key, sasl)
-    check_batching(in_flight, batch_rows, batch_bytes)
-    plan = attrs.evolve(
-        plan,
+    plan = _plan(
+        url,
+        address,
+        operation,
+        in_flight=in_flight,
+        timeout=timeout,
+        on_error=on_error,
+        run_id=run_id,
+        progress=progress,
         connect_timeout=connect_timeout,
-        security=secured,
+        ca=ca,
+        client_cert=client_cert,
+        client_key=client_key,
+        sasl=sasl,
         batch_rows=batch_rows,
         batch_bytes=batch_bytes,
     )
@@ -255,27 +265,42 @@ def call_partitions(
 
 
 def _plan(
-    url: str | tuple[str, ...],
+    url: str | Sequence[str],
     address: str,
     operation: str,
+    *,
     in_flight: int,
     timeout: float,
     on_error: OnError,
     run_id: str | None,
     progress: Progress | None,
+    connect_timeout: float,
+    ca: str | os.PathLike[str] | None,
+    client_cert: str | os.PathLike[str] | None,
+    client_key: str | os.PathLike[str] | None,
+    sasl: bool | str,
+    batch_rows: int,
+    batch_bytes: int,
 ) -> Plan:
+    """The plan of a fan-out's tasks, once every option is checked (the driver's side of
+    ``call_service``, ``call_partitions`` and ``register_function``)."""
+    check_batching(in_flight, batch_rows, batch_bytes)
+    urls = _checked(url, timeout, on_error, connect_timeout)
     if progress is not None and progress.url is None and progress.side_channel:
         raise ValueError("pass the Progress inside its `with` block (it listens from there)")
     return Plan(
-        url=url,
+        url=urls,
         address=address,
         operation=operation,
         in_flight=in_flight,
         timeout=timeout,
         on_error=on_error,
         run_id=run_id or uuid.uuid4().hex,
-        connect_timeout=10.0,
+        connect_timeout=connect_timeout,
         progress_url=progress.url if progress is not None else None,
+        security=security(ca, client_cert, client_key, sasl),
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
     )
 
 

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS
 from pairlink._spark._results import ArrowArray, Column, result_arrays
 from pairlink._spark._task import Chunk, OnError, Plan, run_task
-from pairlink._spark._tls import security
-from pairlink._spark.api import ERROR_COLUMN, _checked, _columns, _plan, row_position
+from pairlink._spark.api import ERROR_COLUMN, _columns, _plan, row_position
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -51,6 +51,8 @@ def register_function(
     client_cert: str | os.PathLike[str] | None = None,
     client_key: str | os.PathLike[str] | None = None,
     sasl: bool | str = True,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+    batch_bytes: int = DEFAULT_BATCH_BYTES,
 ) -> UserDefinedFunctionLike:
     """Register ``name`` as a Spark SQL function that calls ``operation`` of the service at
     ``address`` once per row, with the function's arguments as the call's positional
@@ -69,7 +71,8 @@ def register_function(
 
     Each Spark task opens one connection for all its rows, as ``call_service``'s tasks do;
     ``url``, ``in_flight``, ``timeout``, ``connect_timeout``, ``ca``, ``client_cert``,
-    ``client_key`` and ``sasl`` mean what they mean there. A function has no row key: its
+    ``client_key``, ``sasl``, ``batch_rows`` and ``batch_bytes`` mean what they mean there (the
+    rows go in batches, many to a message). A function has no row key: its
     calls are numbered per task attempt, so a retried task runs its rows' handlers again
     (``call_service`` with ``key=`` is the exactly-once form). The function is registered as
     nondeterministic: a call may have effects, so Spark must neither repeat nor drop it.
@@ -77,10 +80,23 @@ def register_function(
     from pyspark.sql.pandas.functions import ArrowUDFType, arrow_udf
     from pyspark.sql.types import StringType, StructField, StructType
 
-    urls = _checked(url, in_flight, timeout, on_error, connect_timeout)
-    plan = _plan(urls, address, operation, in_flight, timeout, on_error, None, None)
-    secured = security(ca, client_cert, client_key, sasl)
-    plan = attrs.evolve(plan, connect_timeout=connect_timeout, security=secured)
+    plan = _plan(
+        url,
+        address,
+        operation,
+        in_flight=in_flight,
+        timeout=timeout,
+        on_error=on_error,
+        run_id=None,
+        progress=None,
+        connect_timeout=connect_timeout,
+        ca=ca,
+        client_cert=client_cert,
+        client_key=client_key,
+        sasl=sasl,
+        batch_rows=batch_rows,
+        batch_bytes=batch_bytes,
+    )
     declared = _parsed(returns)
     result_type: DataType = declared
     if on_error == "column":
