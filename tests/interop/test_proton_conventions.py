@@ -179,6 +179,20 @@ async def test_results_and_errors_from_a_typed_server_are_plain_python_values() 
     assert str(caught.value) == "[404] no such operation"
 
 
+async def test_map_to_a_proton_server_sends_each_row_as_a_call_of_its_own() -> None:
+    """A peer of another stack reads no batch: ``map`` calls it a row at a time, each an
+    amqp-value it understands, the results in order."""
+    with ProtonServer(responder=typed_like_rhea) as px:
+        async with connect(px.url(), timeout=10) as client:
+            calc = await client.service("calc")
+            assert await calc.map("add", [1, 2, 3], [10, 20, 30]) == [11, 22, 33]
+            (missing,) = await calc.map("nope", [1], on_error="return")
+        received = [r.message for r in px.received]
+    bodies: list[Any] = [m.body for m in received[:3]]
+    assert sorted(bodies) == [[1, 10], [2, 20], [3, 30]]  # one call a row, each a plain list
+    assert isinstance(missing, RemoteError) and missing.status == 404
+
+
 # -- Proton clients sending our service bare values ------------------------------------------------
 
 
