@@ -30,7 +30,9 @@ from pairlink import (
     service,
 )
 from pairlink._rpc import batch
+from pairlink._rpc.deadline import wall_time
 from pairlink._rpc.payload import BATCH
+from pairlink._server.batches import REPLY_MARGIN, row_cutoff
 from pairlink.errors import CallError, RemoteTimeoutError
 from pairlink.spark import serve_in_thread
 from tests.scraping import scrape
@@ -221,6 +223,15 @@ async def test_the_deadline_cuts_the_row_it_reaches_and_the_rows_after_it() -> N
         assert all(isinstance(e, RemoteTimeoutError) for e in got[2:])
         assert "while the row ran" in str(got[2])
         assert "before the row ran" in str(got[3])
+
+
+def test_a_short_deadline_keeps_a_tenth_of_its_time_for_the_reply() -> None:
+    """Rows stop starting 50 ms before the deadline, or a tenth of the time left when that is
+    less: a batch given 20 ms still runs its rows for 18."""
+    now = wall_time()
+    assert row_cutoff(now + 10.0) == pytest.approx(now + 10.0 - REPLY_MARGIN, abs=1e-3)
+    assert row_cutoff(now + 0.02) == pytest.approx(now + 0.018, abs=1e-3)
+    assert row_cutoff(now - 1.0) == now - 1.0  # past already: nothing more to keep
 
 
 async def test_a_repeated_batch_is_answered_from_the_dedup_store() -> None:
