@@ -11,6 +11,10 @@
 # (the Debian packages nodejs and npm), and rhea, pinned by tests/interop/rhea/package-lock.json,
 # is installed into tests/interop/rhea/node_modules with `npm ci`, again whenever the lock file
 # changes (stamp file). Where npm is missing the tests that need rhea fail and say why.
+#
+# The broker of tests/brokers/ is Debian's RabbitMQ (rabbitmq-server, with its AMQP 1.0
+# plugin): `brokerdeps` installs the package; the tests start their own broker as a process of
+# the run, on 127.0.0.1 and ports below 32768, never the system service.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -21,14 +25,15 @@ FUZZ_STAMP   := $(VENV)/.fuzz-installed
 FUZZ_SECONDS ?= 600
 SASL_DEBS := libsasl2-dev sasl2-bin
 NODE_DEBS := nodejs npm
+BROKER_DEBS := rabbitmq-server
 RHEA_DIR   := tests/interop/rhea
 RHEA_STAMP := $(RHEA_DIR)/node_modules/.installed
 
-.PHONY: test lint typecheck pytest demo bench fuzz clean sysdeps nodedeps proton-sasl venv
+.PHONY: test lint typecheck pytest demo bench fuzz clean sysdeps nodedeps brokerdeps proton-sasl venv
 
 test: lint typecheck pytest
 
-venv: $(STAMP) proton-sasl $(RHEA_STAMP)
+venv: $(STAMP) proton-sasl $(RHEA_STAMP) brokerdeps
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +70,21 @@ nodedeps:
 	else \
 		echo "WARNING: Node.js or npm missing and not installable here:" \
 		     "the rhea interop tests (tests/interop/test_rhea.py) will fail"; \
+	fi
+
+brokerdeps:
+	@if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing $(BROKER_DEBS) (RabbitMQ, the broker of tests/brokers/)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(BROKER_DEBS) >/dev/null; \
+	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		echo "installing $(BROKER_DEBS) with sudo"; \
+		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $(BROKER_DEBS) >/dev/null; \
+	else \
+		echo "WARNING: rabbitmq-server missing and not installable here:" \
+		     "the broker tests (tests/brokers/) will be skipped"; \
 	fi
 
 $(RHEA_STAMP): $(RHEA_DIR)/package.json $(RHEA_DIR)/package-lock.json | nodedeps
