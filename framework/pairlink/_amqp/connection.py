@@ -376,7 +376,9 @@ class Connection:
         message_format: int = 0,
         presume_credit: bool = False,
     ) -> Delivery:
-        """Send one message, split into frames the peer's max-frame-size allows.
+        """Send one message, split into frames the peer's max-frame-size allows, after the
+        dispositions queued so far (an answer is written after the outcome of what it answers,
+        which azure-uamqp requires).
 
         ``presume_credit`` sends without credit while our attach is unanswered: the LP-10
         pipelining of an initiator that knows the responder grants credit on attach.
@@ -400,6 +402,8 @@ class Connection:
             raise LocalProtocolError(
                 errors.MESSAGE_SIZE_EXCEEDED, f"{len(payload)} bytes exceed the peer's {limit}"
             )
+        if self._channels.dirty:  # outcomes declared before this message go out before it:
+            self._channels.flush_dispositions()  # a reply never overtakes its request's
         return link.session.send(
             link,
             payload,

@@ -20,11 +20,18 @@ import trio
 
 from pairlink._amqp.connection import ConnectionConfig
 from pairlink._amqp.sasl import EXTERNAL, SaslClient
-from pairlink._amqp.types import Fields
+from pairlink._amqp.types import Fields, Symbol
 from pairlink._io.connection import AmqpConnection, OnAttach
 from pairlink._io.taskgroups import body_errors_unwrapped
 from pairlink._io.writes import MAX_OUTGOING_BYTES
+from pairlink._version import VERSION
 from pairlink.errors import ConnectionLostError
+
+PRODUCT = "pairlink"
+OPEN_PROPERTIES: Fields = {Symbol("product"): PRODUCT, Symbol("version"): VERSION}
+"""What every open of ours says about us (clients, servers and gateways alike), under the
+keys Qpid and the Azure SDKs use: a peer's logs name us, and a peer that reads ``open``'s
+properties field without checking that it is there (azure-eventhub 5.15) finds it."""
 
 AMQP_PORT = 5672
 AMQPS_PORT = 5671
@@ -96,10 +103,12 @@ async def open_connection(
     on_attach: OnAttach | None = None,
     max_outgoing_bytes: int = MAX_OUTGOING_BYTES,
 ) -> AsyncIterator[AmqpConnection]:
-    """Run AMQP over any Trio stream; closes it (and the stream) when the block ends."""
+    """Run AMQP over any Trio stream; closes it (and the stream) when the block ends. Its
+    open carries ``OPEN_PROPERTIES`` beside the properties ``config`` gives."""
+    properties = {**OPEN_PROPERTIES, **(config.properties or {})}
     conn = AmqpConnection(
         stream,
-        config,
+        attrs.evolve(config, properties=properties),
         initiator=initiator,
         peer=peer,
         on_attach=on_attach,

@@ -6,7 +6,8 @@ convention; ``subject`` is accepted too), a unique ``message-id``, the same valu
 Proton's examples do, answer it as well as those that copy its message-id), ``reply-to``
 (``$me`` on a paired link) and its deadline as ``header.ttl`` plus
 ``properties.absolute-expiry-time``. A reply carries ``correlation-id`` = the request's
-message-id and an HTTP-like ``status-code`` (an AMQP ``int``, as the management convention has
+message-id, else (a request with none, as Proton's ``SyncRequestResponse`` sends) its
+correlation-id, and an HTTP-like ``status-code`` (an AMQP ``int``, as the management convention has
 it; any integer type is read) and ``status-description``. Clock values come in as arguments, so
 both sides and the tests share one definition without a clock.
 
@@ -119,6 +120,14 @@ class Request:
     source: Message | bytes
     """The request's message; or, for one :func:`read_request` read without building it, its
     bytes, decoded the first time anything asks for the message."""
+    correlation_id: MessageId | None = None
+    """Its correlation-id, read only when it has no message-id (the usual request has one)."""
+
+    @property
+    def reply_correlation(self) -> MessageId | None:
+        """The correlation-id of its reply: its message-id, else its own correlation-id."""
+        message_id = self.message_id
+        return self.correlation_id if message_id is None else message_id
 
     @property
     def message(self) -> Message:
@@ -315,6 +324,7 @@ def parse_request(message: Message, *, now: float) -> Request:
         encoding,
         deadline,
         message,
+        props.correlation_id,
     )
 
 
@@ -387,7 +397,7 @@ def _operation_named(payload: bytes, at: int, end: int) -> str | None:
 
 def _reply(request: Request, to: str | None, status: int, description: str) -> Message:
     return Message(
-        properties=Properties(correlation_id=request.message_id, to=to),
+        properties=Properties(correlation_id=request.reply_correlation, to=to),
         application_properties={STATUS_CODE: Int(status), STATUS_DESCRIPTION: description},
     )
 
@@ -419,6 +429,8 @@ def encode_reply(
     encoding = reply_encoding(request.encoding)
     body, kind, content_type = encoded_body(value, encoding)
     correlation_id = request.message_id
+    if correlation_id is None:
+        correlation_id = request.correlation_id
     out = bytearray()
     if correlation_id is None:  # (the generic encoder drops the trailing nulls)
         encode_into(Properties(to=to, content_type=content_type), out)

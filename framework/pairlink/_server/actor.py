@@ -374,9 +374,13 @@ class Actor:
             return 0
         if self.observer is not None:
             self.observer.answered(delivery, request.operation, status)
-        if arrival.route.deliver(payload, origin, delivery.remote_settled, through):
+        route = arrival.route
+        if route.usable:
+            # settled first: its disposition leaves before the reply, or in the same write
+            # (azure-uamqp discards a reply to a request it has no disposition for)
             if not delivery.remote_settled:
                 origin.set_outcome(delivery, Accepted())
+            route.deliver(payload, origin, delivery.remote_settled, through)
             return len(payload)
         self.log.warning(
             "reply.undeliverable",

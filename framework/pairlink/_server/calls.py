@@ -53,7 +53,7 @@ class Route(Protocol):
     def link(self) -> Link: ...
     def deliver(
         self, payload: bytes, origin: Origin, request_settled: bool, through: bool = False
-    ) -> bool: ...
+    ) -> None: ...
 
 
 class CallObserver(Protocol):
@@ -136,4 +136,14 @@ def bare_request(message: Message) -> Request:
     """Just enough of an unparseable request to address an error reply to it."""
     props = message.properties or Properties()
     reply_to = None if props.reply_to is None else str(props.reply_to)
-    return Request("", [], {}, props.message_id, reply_to, Encoding.AMQP_VALUE, None, message)
+    return Request(
+        "",
+        [],
+        {},
+        props.message_id,
+        reply_to,
+        Encoding.AMQP_VALUE,
+        None,
+        message,
+        props.correlation_id,
+    )

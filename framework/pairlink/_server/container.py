@@ -14,9 +14,14 @@ Reply routing (LP-8), always on the connection the request came in on:
 * any other ``reply-to``: on a reply link the requester attached whose target is that address
   (the AMQP-management pattern), or on a dynamic node we created for it: a receiving link with
   a dynamic source gets the address ``<container-id>/dyn/<n>`` (Proton's classic client);
-* nothing matches: the request is ``Rejected(amqp:not-found)``, or, when it came pre-settled and
-  no outcome can be said, logged as ``call.undeliverable`` and dropped. The handler never runs
-  for a request whose answer could not be delivered.
+  else on the unpaired reply link *named* that (@azure/core-amqp's ``$cbs`` link, which has no
+  target; Erlang's amqp10_client);
+* no ``reply-to`` on an unpaired link: on the one unpaired receiving link the requester
+  attached from that service (azure-eventhub's put-token); with two or more, it is ambiguous
+  and refused (``amqp:invalid-field``), as is one without reply-to on a pair;
+* nothing matches: the request is ``Rejected`` (``amqp:not-found``, ``amqp:invalid-field``), or,
+  when it came pre-settled and no outcome can be said, logged as ``call.undeliverable`` and
+  dropped. The handler never runs for a request whose answer could not be delivered.
 
 Replies follow the settle mode the requester's receiving link asked for: pre-settled for
 ``settled``, unsettled for ``unsettled``, and for ``mixed`` (the default, what a Proton
@@ -69,6 +74,7 @@ from pairlink._amqp.messaging import DeliveryState, Error
 from pairlink._amqp.performatives import (
     RCV_FIRST,
     ROLE_RECEIVER,
+    ROLE_SENDER,
     SND_MIXED,
     SND_SETTLED,
     SND_UNSETTLED,
@@ -166,24 +172,38 @@ class RequestLink(LinkOwner):
             self.end.conn.settle(delivery, state)
 
     def route_for(self, reply_to: object) -> ReplyLink | None:
-        """Where the reply to a request with this ``reply-to`` goes (LP-8), or None if
-        nowhere. (Typed ``str`` in a message, but decoded as whatever the peer put there.)"""
+        """Where the reply to a request with this ``reply-to`` goes (LP-8, then the reply
+        idioms of the module docstring), or None if nowhere. (Typed ``str`` in a message, but
+        decoded as whatever the peer put there.)"""
         if reply_to == ME:
-            pair = self.pair
-            return pair if pair is not None and pair.end.usable else None
-        if not isinstance(reply_to, str):  # absent, or a peer's value of another type
+            route = self.pair
+        elif isinstance(reply_to, str):
+            route = self.peer.routes.get(reply_to) or self.peer.named(reply_to)
+        elif reply_to is None and not self.half.paired:
+            route = self.peer.sole_listener(self.actor.address)
+        else:  # a peer's value of another type; or no reply-to on a pair (LP-8 wants $me)
             return None
-        route = self.peer.routes.get(reply_to)
         return route if route is not None and route.end.usable else None
 
     def why_unroutable(self, reply_to: object) -> tuple[str, str]:
         if reply_to is None:
-            return INVALID_FIELD, "the request has no reply-to"
+            if self.half.paired:
+                return INVALID_FIELD, "the request has no reply-to"
+            node = self.actor.address
+            found = len(self.peer.listeners.get(node, ()))
+            if found:
+                why = f"{found} receiving links of this connection come from {node!r}"
+            else:
+                why = f"no receiving link of this connection comes from {node!r}"
+            return INVALID_FIELD, f"the request has no reply-to, and {why}: name one"
         if not isinstance(reply_to, str):
             return INVALID_FIELD, f"reply-to {reply_to!r} is not an address"
         if reply_to == ME:
             return NOT_FOUND, "reply-to $me, but this link has no attached paired link"
-        return NOT_FOUND, f"no link of this connection has the target {reply_to!r}"
+        return (
+            NOT_FOUND,
+            f"no receiving link of this connection has the target or name {reply_to!r}",
+        )
 
     def link_received(self, end: LinkEnd, delivery: Delivery, payload: bytes) -> None:
         self.actor.arrive(self, delivery, payload)
@@ -212,7 +232,11 @@ class ReplyLink(LinkOwner):
         self.peer = peer
         self.half = half
         self.to = to  # the reply's `to`: "$me" on a pair, else the address routed to
+        # the service it comes from, when unpaired and not dynamic: routed to by name, or as
+        # that service's only reply link
         remote = link.remote_attach
+        dynamic = remote is not None and remote.source is not None and remote.source.dynamic
+        self.node = None if half.paired or dynamic else half.source
         mode = SND_MIXED if remote is None else remote.snd_settle_mode
         self.presettle = {SND_SETTLED: True, SND_UNSETTLED: False}.get(mode)  # None: mixed
         # the reply, the request's link, and whether the request came settled
@@ -234,19 +258,16 @@ class ReplyLink(LinkOwner):
 
     def deliver(
         self, payload: bytes, origin: Origin, request_settled: bool, through: bool = False
-    ) -> bool:
+    ) -> None:
         """Send a reply to a call that came on ``origin`` now, or park it until credit comes
         (it keeps its mailbox slot until then); in mixed mode it goes settled as the request
         came (``request_settled``); ``through``: a lone reply, written from here if the writer
-        is idle. False: the link is gone, the reply cannot be delivered."""
-        if not self.end.usable:
-            return False
+        is idle. The caller checked that the link is usable."""
         if self.end.link.usable_credit > 0 and not self._parked:
             self._send_now(payload, request_settled, through)
             origin.release()
         else:
             self._parked.append((payload, origin, request_settled))
-        return True
 
     def _send_now(self, payload: bytes, request_settled: bool, through: bool = False) -> None:
         settled = request_settled if self.presettle is None else self.presettle
@@ -292,20 +313,26 @@ ServedLink = RequestLink | ReplyLink
 @attrs.define(eq=False)
 class Peer:
     """What the container knows about one connection: its links by (name, our role), for
-    the pairing rules, and its reply routes by address, for LP-8; each link counted in the
-    server's ``budget``."""
+    the pairing rules; its reply routes by target address, for LP-8; and its unpaired reply
+    links by the service node they come from, for a request without reply-to. Each link is
+    counted in the server's ``budget``."""
 
     conn: AmqpConnection
     budget: LinkBudget
     halves: dict[tuple[str, bool], ServedLink] = attrs.field(factory=dict)
     routes: dict[str, ReplyLink] = attrs.field(factory=dict)
+    listeners: dict[str, list[ReplyLink]] = attrs.field(factory=dict)
 
     def add(self, endpoint: ServedLink) -> None:
         self.budget.take(self.conn.sasl_identity)
         self.halves[(endpoint.link.name, endpoint.link.role)] = endpoint
-        if isinstance(endpoint, ReplyLink) and endpoint.to not in (None, ME):
-            assert endpoint.to is not None
-            self.routes[endpoint.to] = endpoint
+        if isinstance(endpoint, ReplyLink):
+            if endpoint.to not in (None, ME):
+                assert endpoint.to is not None
+                self.routes[endpoint.to] = endpoint
+            node = endpoint.node
+            if node is not None:
+                self.listeners.setdefault(node, []).append(endpoint)
 
     def forget(self, endpoint: ServedLink) -> None:
         key = (endpoint.link.name, endpoint.link.role)
@@ -315,9 +342,28 @@ class Peer:
         if isinstance(endpoint, ReplyLink):
             if endpoint.to is not None and self.routes.get(endpoint.to) is endpoint:
                 del self.routes[endpoint.to]
+            node = endpoint.node
+            if node is not None and endpoint in self.listeners.get(node, ()):
+                listening = self.listeners[node]
+                listening.remove(endpoint)
+                if not listening:
+                    del self.listeners[node]
             partner = self.halves.get((endpoint.link.name, ROLE_RECEIVER))
             if isinstance(partner, RequestLink) and partner.pair is endpoint:
                 partner.pair = None
+
+    def named(self, name: str) -> ReplyLink | None:
+        """The unpaired reply link called ``name`` (a reply-to naming a link, not an address:
+        @azure/core-amqp's ``$cbs`` link, Erlang's amqp10_client); a pair's half answers only
+        ``$me`` (LP-8)."""
+        found = self.halves.get((name, ROLE_SENDER))
+        return found if isinstance(found, ReplyLink) and found.node is not None else None
+
+    def sole_listener(self, node: str) -> ReplyLink | None:
+        """The one unpaired reply link from service ``node``, for a request without reply-to
+        (azure-eventhub's put-token); None when there is none, or more than one to choose."""
+        found = self.listeners.get(node)
+        return found[0] if found is not None and len(found) == 1 else None
 
     def endpoints(self) -> list[ServedLink]:
         return list(self.halves.values())
