@@ -42,50 +42,32 @@ $(STAMP): pyproject.toml | $(PY) sysdeps
 	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $@
 
-sysdeps:
-	@if pkg-config --exists libsasl2 && { command -v saslpasswd2 || [ -x /usr/sbin/saslpasswd2 ]; } >/dev/null 2>&1; then :; \
+# $(call apt-install,PRESENT,PACKAGES,FOR,WITHOUT): unless the shell test PRESENT holds,
+# install the Debian PACKAGES (needed FOR that) with apt-get, as root or through sudo; where
+# neither can, warn what happens WITHOUT them.
+define apt-install
+	@if $(1); then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing $(SASL_DEBS) (Proton SASL PLAIN server for the interop tests)"; \
+		echo "installing $(2) ($(3))"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(SASL_DEBS) >/dev/null; \
+			apt-get install -y -qq --no-install-recommends $(2) >/dev/null; \
 	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-		echo "installing $(SASL_DEBS) with sudo"; \
+		echo "installing $(2) with sudo"; \
 		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(SASL_DEBS) >/dev/null; \
+			apt-get install -y -qq --no-install-recommends $(2) >/dev/null; \
 	else \
-		echo "WARNING: $(SASL_DEBS) missing and not installable here:" \
-		     "interop tests that need a Proton SASL PLAIN server will be skipped"; \
+		echo "WARNING: $(2) missing and not installable here: $(4)"; \
 	fi
+endef
+
+sysdeps:
+	$(call apt-install,pkg-config --exists libsasl2 && { command -v saslpasswd2 || [ -x /usr/sbin/saslpasswd2 ]; } >/dev/null 2>&1,$(SASL_DEBS),Proton SASL PLAIN server for the interop tests,interop tests that need a Proton SASL PLAIN server will be skipped)
 
 nodedeps:
-	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing $(NODE_DEBS) (rhea, the Node.js AMQP 1.0 peer of the interop tests)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(NODE_DEBS) >/dev/null; \
-	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-		echo "installing $(NODE_DEBS) with sudo"; \
-		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(NODE_DEBS) >/dev/null; \
-	else \
-		echo "WARNING: Node.js or npm missing and not installable here:" \
-		     "the rhea interop tests (tests/interop/test_rhea.py) will fail"; \
-	fi
+	$(call apt-install,command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1,$(NODE_DEBS),rhea: the Node.js AMQP 1.0 peer of the interop tests,the rhea interop tests (tests/interop/test_rhea.py) will fail)
 
 brokerdeps:
-	@if [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then :; \
-	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing $(BROKER_DEBS) (RabbitMQ, the broker of tests/brokers/)"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(BROKER_DEBS) >/dev/null; \
-	elif command -v apt-get >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
-		echo "installing $(BROKER_DEBS) with sudo"; \
-		sudo -n apt-get update -qq && sudo -n DEBIAN_FRONTEND=noninteractive \
-			apt-get install -y -qq --no-install-recommends $(BROKER_DEBS) >/dev/null; \
-	else \
-		echo "WARNING: rabbitmq-server missing and not installable here:" \
-		     "the broker tests (tests/brokers/) will be skipped"; \
-	fi
+	$(call apt-install,[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ],$(BROKER_DEBS),RabbitMQ: the broker of tests/brokers/,the broker tests (tests/brokers/) will be skipped)
 
 $(RHEA_STAMP): $(RHEA_DIR)/package.json $(RHEA_DIR)/package-lock.json | nodedeps
 	@if command -v npm >/dev/null 2>&1; then \

@@ -17,7 +17,7 @@ import trio
 
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._rpc import batch
-from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, Row, Rows
+from pairlink._rpc.batch import ALONE, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, Row, Rows
 from pairlink._rpc.payload import Encoding
 from pairlink.errors import RemoteError
 
@@ -143,10 +143,7 @@ def _batches(
     """The batches to send; with ``batch_rows`` 1, each row as itself (a single call)."""
     if batch_rows > 1:
         return ((packed, None) for packed in batch.packed(rows, batch_rows, batch_bytes))
-    return ((_ONE, row) for row in rows)
-
-
-_ONE = Rows(b"", 1)
+    return ((ALONE, row) for row in rows)
 
 
 async def _single(

@@ -62,6 +62,11 @@ class Rows:
     count: int
 
 
+ALONE = Rows(b"", 1)
+"""Not a batch: a row to send as a call of its own (``batch_rows=1``, or a peer that reads no
+batch), where a sender takes batches or rows in turn."""
+
+
 def _array_header(count: int) -> bytes:
     if count < 16:
         return bytes((0x90 | count,))

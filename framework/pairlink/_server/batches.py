@@ -68,26 +68,13 @@ def checked_rows(operation: Operation, rows: Sequence[object]) -> tuple[list[obj
     rows to run."""
     out: list[object] = [None] * len(rows)
     runnable: Checked = []
-    fewest, most = operation.min_positional, operation.max_positional
-    simple = operation.simple
     for index, row in enumerate(rows):
-        # the usual row, [args, {}] whose count of args fits, checked without a call (what
-        # split_arguments and check_arguments would find): a row's checks cost more than
-        # the handler of a quick operation
-        if type(row) is list and len(row) == 2:
-            args, kwargs = row
-            if (
-                simple
-                and type(args) is list
-                and type(kwargs) is dict
-                and not kwargs
-                and fewest <= len(args)
-                and (most is None or len(args) <= most)
-            ):
-                runnable.append((index, args, kwargs))
-                continue
         try:
-            args, kwargs = split_arguments(row, Encoding.ENVELOPE)
+            # the usual row, [args, {}], taken as it is: split_arguments would find it so
+            if type(row) is list and len(row) == 2 and type(row[0]) is list and row[1] == {}:
+                args, kwargs = row
+            else:
+                args, kwargs = split_arguments(row, Encoding.ENVELOPE)
             operation.check_arguments(args, kwargs)
         except (PayloadError, TypeError) as exc:
             out[index] = batch.failed(BAD_REQUEST, f"{operation.name}: {exc}")

@@ -38,7 +38,7 @@ from pairlink._client.batches import call_batch
 from pairlink._client.client import Client, connect
 from pairlink._io.taskgroups import lone_errors_unwrapped
 from pairlink._io.threads import start_trio_thread
-from pairlink._rpc.batch import DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, Row, Rows, packed
+from pairlink._rpc.batch import ALONE, DEFAULT_BATCH_BYTES, DEFAULT_BATCH_ROWS, Row, Rows, packed
 from pairlink._spark._reporter import Counts, report
 from pairlink._spark._tls import Security
 from pairlink._spark._urls import described, scrubbed
@@ -180,7 +180,7 @@ class _Calls(Generic[P]):
     def _batches(self, chunk: Chunk[P]) -> list[Rows]:
         """A chunk's rows as the batches to send (batches of one: the rows' own calls)."""
         if self.plan.batch_rows == 1:
-            return [_ONE] * len(chunk.args)
+            return [ALONE] * len(chunk.args)
         rows: Iterator[Row] = ((args, {}) for args in chunk.args)
         return list(packed(rows, self.plan.batch_rows, self.plan.batch_bytes))
 
@@ -196,7 +196,7 @@ class _Calls(Generic[P]):
             self.sequence += 1
             message_id = f"{self.prefix}{self.sequence}"
         try:
-            if rows is _ONE:
+            if rows is ALONE:
                 try:
                     values: list[object] = [
                         await self._call(client, message_id, args=chunk.args[start])
@@ -286,10 +286,6 @@ def run_task(plan: Plan, reader: Callable[[], Chunk[P] | None]) -> Generator[Chu
         thread.join()  # raises the task's failure
     except PairlinkError as exc:  # Spark prints the traceback: ours is no news to its reader
         raise exc.with_traceback(None) from None
-
-
-_ONE = Rows(b"", 1)
-"""A batch of one row, sent as the row's own call (``batch_rows=1``)."""
 
 
 def batch_id(run_id: str, ids: Sequence[str]) -> str:
