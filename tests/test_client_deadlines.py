@@ -18,7 +18,11 @@ import trio
 from pairlink import connect
 from pairlink._amqp.performatives import Close
 from pairlink._client.client import CLOSE_WAIT, CONNECT_TIMEOUT
+from pairlink._io import net
+from pairlink._io.links import open_sender
+from pairlink.errors import ConnectionLostError
 from tests.client_peers import raw_server
+from tests.service_peers import wait_for
 
 
 @asynccontextmanager
@@ -69,3 +73,22 @@ async def test_leaving_connect_waits_close_wait_at_most_for_a_peer_that_never_an
         (peer,) = server.peers
         assert peer.performatives(Close)  # our close went out, and was never answered
         assert CLOSE_WAIT <= waited < CLOSE_WAIT + 0.5
+
+
+async def test_a_link_attached_while_our_close_waits_is_a_lost_connection(
+    io_clock: trio.testing.MockClock,
+) -> None:
+    """Between our close and the connection's end nothing new may start on it: an attach
+    then is a ``ConnectionLostError`` the client handles, not the engine's illegal-state
+    error (a replica's health check crashed its client so, in a rolling restart)."""
+    async with (
+        raw_server(deaf_to_close=True) as server,
+        trio.open_nursery() as nursery,
+        net.connect(server.url, sasl=False) as conn,
+    ):
+        await conn.wait_opened()
+        nursery.start_soon(functools.partial(conn.close, grace=CLOSE_WAIT))
+        (peer,) = server.peers
+        await wait_for(lambda: bool(peer.performatives(Close)))
+        with pytest.raises(ConnectionLostError, match="closing"):
+            open_sender(conn, "anywhere")

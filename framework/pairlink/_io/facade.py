@@ -164,7 +164,12 @@ class EngineFacade:
         self, *, role: bool, session: Session | None = None, **attach: Unpack[AttachFields]
     ) -> Link:
         """Attach a link of ours (frames go out at once, no waiting): ``name``, ``source``,
-        ``target`` and the rest as :meth:`Connection.attach` takes them."""
+        ``target`` and the rest as :meth:`Connection.attach` takes them.
+        ``ConnectionLostError`` once either side has sent its close, even before this
+        connection's end is noticed (a replica's health check attached into that window)."""
+        self.raise_if_closed()
+        if self._engine.closed:
+            raise ConnectionLostError("the connection is closing")
         link = self._engine.attach(session or self.session, role=role, **attach)
         self._writes.kick()
         return link
